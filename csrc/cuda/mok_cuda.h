@@ -1,0 +1,159 @@
+/*
+ * mok CUDA launchers: the C ABI between csrc/torch and the kernels. No torch types here.
+ *
+ * Every launcher is `int mok_<name>(const struct mok_<name>_args*, cudaStream_t)`: it checks its
+ * arguments, launches on the given stream and returns 0, or a negative mok_status (mok_core.h) for
+ * bad arguments, or a positive cudaError_t when a launch failed. Launchers never synchronise.
+ *
+ * The semantics of each op are those of the function of the same stem in csrc/core/mok_core.h
+ * (the CPU oracle); only the storage differs (device pointers). Data pointers carry a mok_dtype;
+ * MOK_BF16, MOK_F16, MOK_F32 and MOK_F64 are supported everywhere unless noted; weights are in the
+ * accumulation type (float, or double for MOK_F64). All reductions run in a fixed order: results
+ * are bitwise reproducible run to run.
+ */
+#ifndef MOK_CUDA_H
+#define MOK_CUDA_H
+
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+#include "../core/mok_core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Error bits a kernel ORs into the host-mapped error word (args.error_flag, may be NULL). */
+enum {
+    MOK_DEVICE_ERR_EXPERT_ID = 1, /* an expert id outside [0, E) with skip_invalid == 0 */
+};
+
+struct mok_route_topk_args {
+    const void* logits; /* [T, E], MOK_F32 or MOK_F64 */
+    const void* bias;   /* [E] same dtype, or NULL */
+    mok_dtype dtype;
+    int64_t T, E, K;
+    int score_func; /* mok_score_func */
+    int64_t n_group, topk_group;
+    int renormalize;
+    double scaling;
+    int32_t* topk_idx; /* [T, K] */
+    void* topk_w;      /* [T, K] dtype */
+};
+/* CUDA limits and choices: 1 <= E <= 512 (larger E is MOK_ERR_ARG); one warp per token; the softmax
+ * denominator and renormalisation sums run serially in increasing index order (the core's order);
+ * selection ranks NaN below every number (ties, NaN among NaN included, go to the lower id). */
+int mok_route_topk_cuda(const struct mok_route_topk_args* args, cudaStream_t stream);
+
+struct mok_route_topk_backward_args {
+    const void* grad_w;       /* [T, K] */
+    const void* logits;       /* [T, E] */
+    const int32_t* topk_idx;  /* [T, K] */
+    mok_dtype dtype;          /* MOK_F32 or MOK_F64 */
+    int64_t T, E, K;
+    int score_func;
+    int renormalize;
+    double scaling;
+    void* grad_logits;        /* [T, E] */
+};
+int mok_route_topk_backward_cuda(const struct mok_route_topk_backward_args* args, cudaStream_t stream);
+
+struct mok_plan_build_args {
+    const int32_t* topk_idx; /* [T, K] */
+    int64_t T, K, E, tile, capacity;
+    int skip_invalid;
+    int32_t* counts;      /* [E] */
+    int32_t* offsets;     /* [E + 1] */
+    int32_t* row_of;      /* [T * K] */
+    int32_t* src_of_row;  /* [capacity] */
+    int32_t* num_skipped; /* [1] */
+    void* workspace;      /* device scratch of mok_plan_workspace_bytes(T, K, E) bytes */
+    int32_t* error_flag;  /* host-mapped error word or NULL; MOK_DEVICE_ERR_EXPERT_ID is ORed in */
+};
+size_t mok_plan_workspace_bytes(int64_t T, int64_t K, int64_t E);
+/* Invalid ids with skip_invalid == 0 cannot be reported synchronously (no host sync): such pairs
+ * are treated as skipped (row -1, counted in num_skipped) and MOK_DEVICE_ERR_EXPERT_ID is set. */
+int mok_plan_build_cuda(const struct mok_plan_build_args* args, cudaStream_t stream);
+
+struct mok_gather_rows_args {
+    const void* x; /* [T, H] */
+    mok_dtype dtype;
+    int64_t T, H, K, R;
+    const int32_t* src_of_row; /* [R] */
+    const void* w;             /* [T * K] accumulation type, or NULL */
+    void* out;                 /* [R, H] */
+};
+int mok_gather_rows_cuda(const struct mok_gather_rows_args* args, cudaStream_t stream);
+
+struct mok_combine_args {
+    const void* rows; /* [R, H] */
+    mok_dtype dtype;
+    int64_t R, H, T, K;
+    const int32_t* row_of; /* [T, K] */
+    const void* w;         /* [T, K] accumulation type, or NULL */
+    void* y;               /* [T, H] */
+};
+/* CUDA: row_of entries >= R (or < 0) are skipped; src_of_row entries >= T * K in gather_rows give a
+ * zero row (out-of-range indices cannot be reported without a host sync). */
+int mok_combine_cuda(const struct mok_combine_args* args, cudaStream_t stream);
+
+struct mok_combine_weight_grad_args {
+    const void* dy;   /* [T, H] */
+    const void* rows; /* [R, H] */
+    mok_dtype dtype;
+    int64_t R, H, T, K;
+    const int32_t* row_of; /* [T, K] */
+    void* d_w;             /* [T, K] accumulation type */
+};
+/* CUDA: the sum over h is a fixed-shape reduction (32 lane-strided partials, then a fixed shuffle
+ * tree): deterministic, equal to the core's serial sum up to rounding. */
+int mok_combine_weight_grad_cuda(const struct mok_combine_weight_grad_args* args, cudaStream_t stream);
+
+struct mok_swiglu_args {
+    const void* h;     /* [R, 2I] */
+    const void* d_act; /* [R, I], backward only */
+    mok_dtype dtype;
+    int64_t R, I;
+    void* out; /* forward: act [R, I]; backward: d_h [R, 2I] */
+};
+int mok_swiglu_forward_cuda(const struct mok_swiglu_args* args, cudaStream_t stream);
+int mok_swiglu_backward_cuda(const struct mok_swiglu_args* args, cudaStream_t stream);
+
+/* Grouped GEMM over the plan's rows (see mok_grouped_gemm in mok_core.h). With swiglu_out != NULL
+ * (NT only, N even) the epilogue also writes swiglu_out[r, :N/2] = silu(out[r, :N/2]) * out[r, N/2:]
+ * computed from the rounded values of out (so it equals mok_swiglu_forward applied to out). */
+struct mok_grouped_gemm_args {
+    const void* a;             /* [Ra, Kd] */
+    const int32_t* a_gather;   /* [R] or NULL */
+    int64_t a_gather_div;
+    const void* b;             /* NT: [E, N, Kd]; NN: [E, Kd, N] */
+    mok_dtype dtype;
+    const int32_t* offsets;    /* [E + 1], device */
+    int64_t R, E, N, Kd;
+    int trans_b;
+    void* out;                 /* [R, N] */
+    void* swiglu_out;          /* [R, N / 2] or NULL */
+    int num_sms;               /* persistent grid size hint (0: query the device) */
+};
+/* CUDA: a persistent kernel; the SwiGLU epilogue is a second kernel on the same stream
+ * (mok_swiglu_forward_cuda on out), so it is exactly mok_swiglu_forward of the rounded out. */
+int mok_grouped_gemm_cuda(const struct mok_grouped_gemm_args* args, cudaStream_t stream);
+
+struct mok_grouped_gemm_wgrad_args {
+    const void* a;            /* [R, M] */
+    const void* b;            /* [Rb, N] */
+    const int32_t* b_gather;  /* [R] or NULL */
+    int64_t b_gather_div;
+    mok_dtype dtype;
+    const int32_t* offsets;   /* [E + 1], device */
+    int64_t R, E, M, N;
+    void* out;                /* [E, M, N] */
+    int num_sms;
+};
+int mok_grouped_gemm_wgrad_cuda(const struct mok_grouped_gemm_wgrad_args* args, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOK_CUDA_H */

@@ -1,0 +1,46 @@
+// The compute half of every op, once per device kind. ops.cpp checks arguments and allocates the
+// outputs, then calls mok::cpu::<op> (cpu.cpp, the C core) or mok::cuda::<op> (cuda.cpp, the
+// launchers in csrc/cuda). Inputs here are already checked; outputs are allocated and contiguous.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace mok {
+
+#define MOK_BACKEND_DECLS                                                                                             \
+    void route_topk(const at::Tensor& logits, const c10::optional<at::Tensor>& bias, int64_t score_func,             \
+                    int64_t n_group, int64_t topk_group, bool renormalize, double scaling, at::Tensor& topk_idx,      \
+                    at::Tensor& topk_w);                                                                              \
+    void route_topk_backward(const at::Tensor& grad_w, const at::Tensor& logits, const at::Tensor& topk_idx,          \
+                             int64_t score_func, bool renormalize, double scaling, at::Tensor& grad_logits);          \
+    void moe_plan(const at::Tensor& topk_idx, int64_t num_experts, int64_t tile, bool skip_invalid,                   \
+                  at::Tensor& counts, at::Tensor& offsets, at::Tensor& row_of, at::Tensor& src_of_row,               \
+                  at::Tensor& num_skipped);                                                                           \
+    void gather_rows(const at::Tensor& x, const at::Tensor& src_of_row, const c10::optional<at::Tensor>& w,           \
+                     int64_t top_k, at::Tensor& out);                                                                 \
+    void combine(const at::Tensor& rows, const at::Tensor& row_of, const c10::optional<at::Tensor>& w,                \
+                 at::Tensor& y);                                                                                      \
+    void combine_weight_grad(const at::Tensor& dy, const at::Tensor& rows, const at::Tensor& row_of, at::Tensor& d_w); \
+    void swiglu(const at::Tensor& h, at::Tensor& act);                                                                \
+    void swiglu_backward(const at::Tensor& h, const at::Tensor& d_act, at::Tensor& d_h);                              \
+    void grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, int64_t a_gather_div,             \
+                    const at::Tensor& b, const at::Tensor& offsets, bool trans_b, at::Tensor& out,                    \
+                    at::Tensor* swiglu_out);                                                                          \
+    void grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& b_gather,        \
+                          int64_t b_gather_div, const at::Tensor& offsets, at::Tensor& out);
+
+namespace cpu {
+MOK_BACKEND_DECLS
+}  // namespace cpu
+
+#ifdef MOK_WITH_CUDA
+namespace cuda {
+MOK_BACKEND_DECLS
+// The process-wide host-mapped word that kernels OR error bits into (MOK_DEVICE_ERR_*); may be null.
+int32_t* device_error_word();
+}  // namespace cuda
+#endif
+
+#undef MOK_BACKEND_DECLS
+
+}  // namespace mok

@@ -1,0 +1,362 @@
+// torch.ops.mok: schemas, argument checks and output allocation. The compute goes to
+// mok::cpu (C core) or mok::cuda (csrc/cuda launchers) by the device of the data.
+// Fake kernels and autograd formulas are registered in Python (mok/_ops.py).
+#include <torch/library.h>
+
+#include "backend.h"
+#include "checks.h"
+
+namespace mok {
+namespace {
+
+#ifdef MOK_WITH_CUDA
+#define MOK_DISPATCH(dev, fn, ...)          \
+    do {                                    \
+        if ((dev).is_cuda()) {              \
+            cuda::fn(__VA_ARGS__);          \
+        } else {                            \
+            cpu::fn(__VA_ARGS__);           \
+        }                                   \
+    } while (0)
+#else
+#define MOK_DISPATCH(dev, fn, ...)                                                                  \
+    do {                                                                                            \
+        TORCH_CHECK(!(dev).is_cuda(), "mok was built without CUDA support: reinstall it where nvcc " \
+                                      "and a CUDA build of torch are available");                   \
+        cpu::fn(__VA_ARGS__);                                                                       \
+    } while (0)
+#endif
+
+void check_router_dtype(const at::Tensor& t, const char* op, const char* name) {
+    TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, op, ": ", name,
+                      " must be float32 or float64 (router math runs in fp32), got ", t.scalar_type());
+}
+
+void check_score_func(int64_t score_func, const char* op) {
+    TORCH_CHECK_VALUE(score_func == MOK_SCORE_SOFTMAX || score_func == MOK_SCORE_SIGMOID, op,
+                      ": score_func must be 0 (softmax) or 1 (sigmoid), got ", score_func);
+}
+
+// ---------------------------------------------------------------------------------------------
+// routing
+// ---------------------------------------------------------------------------------------------
+
+// Returns (topk_w, topk_idx): the differentiable output first (opcheck's aot check sums the
+// outputs into the first one's dtype).
+std::tuple<at::Tensor, at::Tensor> route_topk(const at::Tensor& logits, const c10::optional<at::Tensor>& bias,
+                                              int64_t top_k, int64_t score_func, int64_t n_group, int64_t topk_group,
+                                              bool renormalize, double scaling) {
+    const char* op = "mok.route_topk";
+    check_dim(logits, 2, op, "logits", "[T, E]");
+    check_contiguous(logits, op, "logits");
+    check_router_dtype(logits, op, "logits");
+    check_score_func(score_func, op);
+    const int64_t E = logits.size(1);
+    TORCH_CHECK_VALUE(top_k >= 1 && top_k <= E, op, ": top_k must be in [1, num_experts=", E, "], got ", top_k);
+    if (bias.has_value()) {
+        check_dim(*bias, 1, op, "bias", "[E]");
+        check_size(*bias, 0, E, op, "bias", "number of experts");
+        check_dtype(*bias, logits.scalar_type(), op, "bias");
+        check_contiguous(*bias, op, "bias");
+        check_same_device(*bias, logits, op, "bias", "logits");
+    }
+    if (n_group > 1) {
+        TORCH_CHECK_VALUE(E % n_group == 0, op, ": num_experts=", E, " must be divisible by n_group=", n_group);
+        TORCH_CHECK_VALUE(topk_group >= 1 && topk_group <= n_group, op, ": topk_group must be in [1, n_group=",
+                          n_group, "], got ", topk_group);
+        TORCH_CHECK_VALUE(top_k <= topk_group * (E / n_group), op, ": top_k=", top_k,
+                          " exceeds the experts in topk_group=", topk_group, " groups of ", E / n_group);
+    }
+    auto topk_idx = at::empty({logits.size(0), top_k}, logits.options().dtype(at::kInt));
+    auto topk_w = at::empty({logits.size(0), top_k}, logits.options());
+    if (logits.size(0) > 0)
+        MOK_DISPATCH(logits, route_topk, logits, bias, score_func, n_group, topk_group, renormalize, scaling, topk_idx,
+                     topk_w);
+    return {topk_w, topk_idx};
+}
+
+at::Tensor route_topk_backward(const at::Tensor& grad_w, const at::Tensor& logits, const at::Tensor& topk_idx,
+                               int64_t score_func, bool renormalize, double scaling) {
+    const char* op = "mok.route_topk_backward";
+    check_dim(logits, 2, op, "logits", "[T, E]");
+    check_router_dtype(logits, op, "logits");
+    check_contiguous(logits, op, "logits");
+    check_score_func(score_func, op);
+    check_dim(topk_idx, 2, op, "topk_idx", "[T, K]");
+    check_index(topk_idx, logits, op, "topk_idx");
+    check_size(topk_idx, 0, logits.size(0), op, "topk_idx", "tokens of logits");
+    check_dim(grad_w, 2, op, "grad_w", "[T, K]");
+    check_dtype(grad_w, logits.scalar_type(), op, "grad_w");
+    check_contiguous(grad_w, op, "grad_w");
+    TORCH_CHECK_VALUE(grad_w.sizes() == topk_idx.sizes(), op, ": grad_w must have the shape of topk_idx ",
+                      shape_str(topk_idx), ", got ", shape_str(grad_w));
+    auto grad_logits = at::empty_like(logits);
+    if (logits.size(0) > 0)
+        MOK_DISPATCH(logits, route_topk_backward, grad_w, logits, topk_idx, score_func, renormalize, scaling,
+                     grad_logits);
+    return grad_logits;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_plan(const at::Tensor& topk_idx,
+                                                                                int64_t num_experts, int64_t tile,
+                                                                                bool skip_invalid) {
+    const char* op = "mok.moe_plan";
+    check_dim(topk_idx, 2, op, "topk_idx", "[T, K]");
+    check_dtype(topk_idx, at::kInt, op, "topk_idx");
+    check_contiguous(topk_idx, op, "topk_idx");
+    TORCH_CHECK_VALUE(num_experts >= 1, op, ": num_experts must be >= 1, got ", num_experts);
+    TORCH_CHECK_VALUE(tile >= 1, op, ": tile must be >= 1, got ", tile);
+    const int64_t T = topk_idx.size(0), K = topk_idx.size(1);
+    const int64_t capacity = mok_plan_capacity(T, K, num_experts, tile);
+    TORCH_CHECK_VALUE(capacity < (int64_t(1) << 31), op, ": the plan needs ", capacity,
+                      " rows, more than int32 row indices hold");
+    auto opts = topk_idx.options();
+    auto counts = at::empty({num_experts}, opts);
+    auto offsets = at::empty({num_experts + 1}, opts);
+    auto row_of = at::empty({T, K}, opts);
+    auto src_of_row = at::empty({capacity}, opts);
+    auto num_skipped = at::empty({1}, opts);
+    MOK_DISPATCH(topk_idx, moe_plan, topk_idx, num_experts, tile, skip_invalid, counts, offsets, row_of, src_of_row,
+                 num_skipped);
+    return {counts, offsets, row_of, src_of_row, num_skipped};
+}
+
+// ---------------------------------------------------------------------------------------------
+// row movement
+// ---------------------------------------------------------------------------------------------
+
+void check_weights(const c10::optional<at::Tensor>& w, const at::Tensor& data, int64_t T, int64_t K, const char* op) {
+    if (!w.has_value()) return;
+    check_dim(*w, 2, op, "w", "[T, K]");
+    check_dtype(*w, acc_dtype(data.scalar_type()), op, "w");
+    check_contiguous(*w, op, "w");
+    check_same_device(*w, data, op, "w", "the data");
+    check_size(*w, 0, T, op, "w", "tokens");
+    check_size(*w, 1, K, op, "w", "top_k");
+}
+
+at::Tensor gather_rows(const at::Tensor& x, const at::Tensor& src_of_row, const c10::optional<at::Tensor>& w,
+                       int64_t top_k) {
+    const char* op = "mok.gather_rows";
+    check_dim(x, 2, op, "x", "[T, H]");
+    check_contiguous(x, op, "x");
+    to_mok_dtype(x, op, "x");
+    check_dim(src_of_row, 1, op, "src_of_row", "[rows]");
+    check_index(src_of_row, x, op, "src_of_row");
+    TORCH_CHECK_VALUE(top_k >= 1, op, ": top_k must be >= 1, got ", top_k);
+    check_weights(w, x, x.size(0), top_k, op);
+    auto out = at::empty({src_of_row.size(0), x.size(1)}, x.options());
+    if (out.numel() > 0) MOK_DISPATCH(x, gather_rows, x, src_of_row, w, top_k, out);
+    return out;
+}
+
+at::Tensor combine(const at::Tensor& rows, const at::Tensor& row_of, const at::Tensor& src_of_row,
+                   const c10::optional<at::Tensor>& w) {
+    const char* op = "mok.combine";
+    check_dim(rows, 2, op, "rows", "[rows, H]");
+    check_contiguous(rows, op, "rows");
+    to_mok_dtype(rows, op, "rows");
+    check_dim(row_of, 2, op, "row_of", "[T, K]");
+    check_index(row_of, rows, op, "row_of");
+    check_dim(src_of_row, 1, op, "src_of_row", "[rows]");
+    check_index(src_of_row, rows, op, "src_of_row");
+    check_size(src_of_row, 0, rows.size(0), op, "src_of_row", "rows of the plan");
+    check_weights(w, rows, row_of.size(0), row_of.size(1), op);
+    auto y = at::empty({row_of.size(0), rows.size(1)}, rows.options());
+    if (y.numel() > 0) MOK_DISPATCH(rows, combine, rows, row_of, w, y);
+    return y;
+}
+
+at::Tensor combine_weight_grad(const at::Tensor& dy, const at::Tensor& rows, const at::Tensor& row_of) {
+    const char* op = "mok.combine_weight_grad";
+    check_dim(rows, 2, op, "rows", "[rows, H]");
+    check_contiguous(rows, op, "rows");
+    to_mok_dtype(rows, op, "rows");
+    check_dim(dy, 2, op, "dy", "[T, H]");
+    check_contiguous(dy, op, "dy");
+    check_dtype(dy, rows.scalar_type(), op, "dy");
+    check_same_device(dy, rows, op, "dy", "rows");
+    check_dim(row_of, 2, op, "row_of", "[T, K]");
+    check_index(row_of, rows, op, "row_of");
+    check_size(dy, 0, row_of.size(0), op, "dy", "tokens of row_of");
+    check_size(dy, 1, rows.size(1), op, "dy", "hidden size of rows");
+    auto d_w = at::empty({row_of.size(0), row_of.size(1)}, rows.options().dtype(acc_dtype(rows.scalar_type())));
+    if (d_w.numel() > 0) {
+        if (rows.size(1) == 0) {
+            d_w.zero_();
+        } else {
+            MOK_DISPATCH(rows, combine_weight_grad, dy, rows, row_of, d_w);
+        }
+    }
+    return d_w;
+}
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU
+// ---------------------------------------------------------------------------------------------
+
+void check_swiglu_h(const at::Tensor& h, const char* op) {
+    check_dim(h, 2, op, "h", "[rows, 2 * I]");
+    check_contiguous(h, op, "h");
+    to_mok_dtype(h, op, "h");
+    TORCH_CHECK_VALUE(h.size(1) % 2 == 0, op, ": h.shape[1] must be even ([gate | up]), got shape ", shape_str(h));
+}
+
+at::Tensor swiglu(const at::Tensor& h) {
+    check_swiglu_h(h, "mok.swiglu");
+    auto act = at::empty({h.size(0), h.size(1) / 2}, h.options());
+    if (act.numel() > 0) MOK_DISPATCH(h, swiglu, h, act);
+    return act;
+}
+
+at::Tensor swiglu_backward(const at::Tensor& h, const at::Tensor& d_act) {
+    const char* op = "mok.swiglu_backward";
+    check_swiglu_h(h, op);
+    check_dim(d_act, 2, op, "d_act", "[rows, I]");
+    check_contiguous(d_act, op, "d_act");
+    check_dtype(d_act, h.scalar_type(), op, "d_act");
+    check_same_device(d_act, h, op, "d_act", "h");
+    check_size(d_act, 0, h.size(0), op, "d_act", "rows of h");
+    check_size(d_act, 1, h.size(1) / 2, op, "d_act", "half the width of h");
+    auto d_h = at::empty_like(h);
+    if (d_h.numel() > 0) MOK_DISPATCH(h, swiglu_backward, h, d_act, d_h);
+    return d_h;
+}
+
+// ---------------------------------------------------------------------------------------------
+// grouped GEMMs
+// ---------------------------------------------------------------------------------------------
+
+at::Tensor grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, int64_t a_gather_div,
+                      const at::Tensor& b, const at::Tensor& offsets, bool trans_b) {
+    auto d = check_grouped_mm("mok.grouped_mm", a, a_gather, a_gather_div, b, offsets, trans_b);
+    auto out = at::empty({d.R, d.N}, a.options());
+    if (out.numel() > 0) {
+        if (d.Kd == 0 || d.E == 0) {
+            out.zero_();
+        } else {
+            MOK_DISPATCH(a, grouped_mm, a, a_gather, a_gather_div, b, offsets, trans_b, out, nullptr);
+        }
+    }
+    return out;
+}
+
+// GEMM1 of the expert MLP: token rows gathered on load (row r reads x[src_of_row[r] / top_k]),
+// times gate_up[e]^T, then SwiGLU. Returns (act [R, I], h [R, 2I]); h is kept for backward.
+// row_of is not read here: autograd needs it to reduce dx over each token's K rows.
+std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu(const at::Tensor& x, const at::Tensor& src_of_row,
+                                                     const at::Tensor& row_of, int64_t top_k,
+                                                     const at::Tensor& gate_up, const at::Tensor& offsets) {
+    const char* op = "mok.grouped_mm_swiglu";
+    TORCH_CHECK_VALUE(top_k >= 1, op, ": top_k must be >= 1, got ", top_k);
+    auto d = check_grouped_mm(op, x, src_of_row, top_k, gate_up, offsets, true);
+    TORCH_CHECK_VALUE(d.N % 2 == 0, op, ": gate_up.shape[1] must be even ([gate | up] = 2 * I), got shape ",
+                      shape_str(gate_up));
+    check_dim(row_of, 2, op, "row_of", "[T, K]");
+    check_index(row_of, x, op, "row_of");
+    check_size(row_of, 0, x.size(0), op, "row_of", "tokens of x");
+    check_size(row_of, 1, top_k, op, "row_of", "top_k");
+    auto h = at::empty({d.R, d.N}, x.options());
+    auto act = at::empty({d.R, d.N / 2}, x.options());
+    if (h.numel() > 0) {
+        if (d.Kd == 0) {
+            h.zero_();
+            act.zero_();
+        } else {
+            MOK_DISPATCH(x, grouped_mm, x, src_of_row, top_k, gate_up, offsets, true, h, &act);
+        }
+    }
+    return {act, h};
+}
+
+// out[e] = a_e^T @ B_e over each expert's rows (weight gradient with a ragged contraction).
+at::Tensor grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& b_gather,
+                            int64_t b_gather_div, const at::Tensor& offsets) {
+    const char* op = "mok.grouped_mm_wgrad";
+    check_dim(a, 2, op, "a", "[rows, M]");
+    check_dim(b, 2, op, "b", "[rows, N]");
+    check_contiguous(a, op, "a");
+    check_contiguous(b, op, "b");
+    to_mok_dtype(a, op, "a");
+    check_dtype(b, a.scalar_type(), op, "b");
+    check_same_device(b, a, op, "b", "a");
+    check_dim(offsets, 1, op, "offsets", "[E + 1]");
+    check_index(offsets, a, op, "offsets");
+    TORCH_CHECK_VALUE(offsets.size(0) >= 1, op, ": offsets must hold E + 1 >= 1 entries");
+    if (b_gather.has_value()) {
+        check_dim(*b_gather, 1, op, "b_gather", "[rows]");
+        check_index(*b_gather, a, op, "b_gather");
+        check_size(*b_gather, 0, a.size(0), op, "b_gather", "rows of a");
+        TORCH_CHECK_VALUE(b_gather_div >= 1, op, ": b_gather_div must be >= 1, got ", b_gather_div);
+    } else {
+        check_size(b, 0, a.size(0), op, "b", "rows of a");
+    }
+    const int64_t E = offsets.size(0) - 1;
+    auto out = at::empty({E, a.size(1), b.size(1)}, a.options());
+    if (out.numel() > 0) {
+        if (a.size(0) == 0) {
+            out.zero_();
+        } else {
+            MOK_DISPATCH(a, grouped_mm_wgrad, a, b, b_gather, b_gather_div, offsets, out);
+        }
+    }
+    return out;
+}
+
+// Reads (and optionally clears) the error bits kernels reported since the last clear. A plain
+// host read of pinned memory: no synchronisation, so it sees the launches that have finished.
+int64_t device_errors(bool clear) {
+#ifdef MOK_WITH_CUDA
+    volatile int32_t* word = cuda::device_error_word();
+    if (!word) return 0;
+    const int32_t bits = *word;
+    if (clear && bits) *word = 0;
+    return bits;
+#else
+    (void)clear;
+    return 0;
+#endif
+}
+
+}  // namespace
+
+TORCH_LIBRARY(mok, m) {
+    m.set_python_module("mok._ops");
+    m.def("route_topk(Tensor logits, Tensor? bias, int top_k, int score_func, int n_group, int topk_group, "
+          "bool renormalize, float scaling) -> (Tensor topk_w, Tensor topk_idx)");
+    m.def("route_topk_backward(Tensor grad_w, Tensor logits, Tensor topk_idx, int score_func, bool renormalize, "
+          "float scaling) -> Tensor");
+    m.def("moe_plan(Tensor topk_idx, int num_experts, int tile, bool skip_invalid) -> (Tensor counts, "
+          "Tensor offsets, Tensor row_of, Tensor src_of_row, Tensor num_skipped)");
+    m.def("gather_rows(Tensor x, Tensor src_of_row, Tensor? w, int top_k) -> Tensor");
+    m.def("combine(Tensor rows, Tensor row_of, Tensor src_of_row, Tensor? w) -> Tensor");
+    m.def("combine_weight_grad(Tensor dy, Tensor rows, Tensor row_of) -> Tensor");
+    m.def("swiglu(Tensor h) -> Tensor");
+    m.def("swiglu_backward(Tensor h, Tensor d_act) -> Tensor");
+    m.def("grouped_mm(Tensor a, Tensor? a_gather, int a_gather_div, Tensor b, Tensor offsets, bool trans_b) -> Tensor");
+    m.def("grouped_mm_swiglu(Tensor x, Tensor src_of_row, Tensor row_of, int top_k, Tensor gate_up, "
+          "Tensor offsets) -> (Tensor act, Tensor h)");
+    m.def("grouped_mm_wgrad(Tensor a, Tensor b, Tensor? b_gather, int b_gather_div, Tensor offsets) -> Tensor");
+    m.def("device_errors(bool clear) -> int", &device_errors);
+}
+
+#define MOK_IMPL_ALL(m)                                         \
+    m.impl("route_topk", &route_topk);                          \
+    m.impl("route_topk_backward", &route_topk_backward);        \
+    m.impl("moe_plan", &moe_plan);                              \
+    m.impl("gather_rows", &gather_rows);                        \
+    m.impl("combine", &combine);                                \
+    m.impl("combine_weight_grad", &combine_weight_grad);        \
+    m.impl("swiglu", &swiglu);                                  \
+    m.impl("swiglu_backward", &swiglu_backward);                \
+    m.impl("grouped_mm", &grouped_mm);                          \
+    m.impl("grouped_mm_swiglu", &grouped_mm_swiglu);            \
+    m.impl("grouped_mm_wgrad", &grouped_mm_wgrad)
+
+TORCH_LIBRARY_IMPL(mok, CPU, m) { MOK_IMPL_ALL(m); }
+
+#ifdef MOK_WITH_CUDA
+TORCH_LIBRARY_IMPL(mok, CUDA, m) { MOK_IMPL_ALL(m); }
+#endif
+
+}  // namespace mok

@@ -1,0 +1,237 @@
+"""Fake (meta) kernels and autograd formulas of the torch.ops.mok operators.
+
+The schemas and the CPU/CUDA kernels live in csrc/torch/ops.cpp. Every operator that takes part in
+a forward pass has an autograd formula written with other mok operators, so a whole training step
+is a graph of mok kernels with no host synchronisation. The backward-only operators
+(route_topk_backward, combine_weight_grad, swiglu_backward, gather_rows, grouped_mm_wgrad) and the
+integer plan have no autograd formula.
+"""
+import torch
+
+from . import _lib  # noqa: F401  (registers the schemas)
+
+ops = torch.ops.mok
+
+# Row tile of the routing plan: each expert's rows start at a multiple of it, so a GEMM tile of
+# 128 rows never straddles two experts. The CPU kernels work row by row and need no padding.
+PLAN_TILE = 128
+
+
+def plan_tile_for(device) -> int:
+    return PLAN_TILE if torch.device(device).type == "cuda" else 1
+
+
+def plan_capacity(num_tokens, top_k, num_experts, tile=PLAN_TILE):
+    """Static number of rows of a plan (mok_plan_capacity in csrc/core): an upper bound of
+    sum_e round_up(count_e, tile) over every possible routing."""
+    pairs = num_tokens * top_k
+    if pairs == 0:
+        return 0
+    rows = pairs + torch.sym_min(num_experts, pairs) * (tile - 1)
+    return (rows + tile - 1) // tile * tile
+
+
+def _acc_dtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+# ------------------------------------------------------------------------------------------------
+# fake kernels: shapes and dtypes only
+# ------------------------------------------------------------------------------------------------
+
+
+@torch.library.register_fake("mok::route_topk")
+def _route_topk_fake(logits, bias, top_k, score_func, n_group, topk_group, renormalize, scaling):
+    T = logits.shape[0]
+    return logits.new_empty((T, top_k)), logits.new_empty((T, top_k), dtype=torch.int32)
+
+
+@torch.library.register_fake("mok::route_topk_backward")
+def _route_topk_backward_fake(grad_w, logits, topk_idx, score_func, renormalize, scaling):
+    return torch.empty_like(logits)
+
+
+@torch.library.register_fake("mok::moe_plan")
+def _moe_plan_fake(topk_idx, num_experts, tile, skip_invalid):
+    T, K = topk_idx.shape
+    cap = plan_capacity(T, K, num_experts, tile)
+    new = topk_idx.new_empty
+    return new((num_experts,)), new((num_experts + 1,)), new((T, K)), new((cap,)), new((1,))
+
+
+@torch.library.register_fake("mok::gather_rows")
+def _gather_rows_fake(x, src_of_row, w, top_k):
+    return x.new_empty((src_of_row.shape[0], x.shape[1]))
+
+
+@torch.library.register_fake("mok::combine")
+def _combine_fake(rows, row_of, src_of_row, w):
+    return rows.new_empty((row_of.shape[0], rows.shape[1]))
+
+
+@torch.library.register_fake("mok::combine_weight_grad")
+def _combine_weight_grad_fake(dy, rows, row_of):
+    return rows.new_empty(row_of.shape, dtype=_acc_dtype(rows.dtype))
+
+
+@torch.library.register_fake("mok::swiglu")
+def _swiglu_fake(h):
+    return h.new_empty((h.shape[0], h.shape[1] // 2))
+
+
+@torch.library.register_fake("mok::swiglu_backward")
+def _swiglu_backward_fake(h, d_act):
+    return torch.empty_like(h)
+
+
+def _grouped_mm_out_shape(a, a_gather, b, trans_b):
+    rows = a_gather.shape[0] if a_gather is not None else a.shape[0]
+    return rows, (b.shape[1] if trans_b else b.shape[2])
+
+
+@torch.library.register_fake("mok::grouped_mm")
+def _grouped_mm_fake(a, a_gather, a_gather_div, b, offsets, trans_b):
+    return a.new_empty(_grouped_mm_out_shape(a, a_gather, b, trans_b))
+
+
+@torch.library.register_fake("mok::grouped_mm_swiglu")
+def _grouped_mm_swiglu_fake(x, src_of_row, row_of, top_k, gate_up, offsets):
+    R, N = src_of_row.shape[0], gate_up.shape[1]
+    return x.new_empty((R, N // 2)), x.new_empty((R, N))
+
+
+@torch.library.register_fake("mok::grouped_mm_wgrad")
+def _grouped_mm_wgrad_fake(a, b, b_gather, b_gather_div, offsets):
+    return a.new_empty((offsets.shape[0] - 1, a.shape[1], b.shape[1]))
+
+
+# ------------------------------------------------------------------------------------------------
+# autograd
+# ------------------------------------------------------------------------------------------------
+
+
+def _route_topk_setup(ctx, inputs, output):
+    logits, _bias, _k, score_func, _ng, _tg, renormalize, scaling = inputs
+    _w, topk_idx = output
+    ctx.save_for_backward(logits, topk_idx)
+    ctx.score_func, ctx.renormalize, ctx.scaling = score_func, renormalize, scaling
+
+
+def _route_topk_backward(ctx, grad_w, _grad_idx):
+    logits, topk_idx = ctx.saved_tensors
+    grad_logits = None
+    if grad_w is not None and ctx.needs_input_grad[0]:
+        grad_logits = ops.route_topk_backward(
+            grad_w.contiguous(), logits, topk_idx, ctx.score_func, ctx.renormalize, ctx.scaling
+        )
+    return grad_logits, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("mok::route_topk", _route_topk_backward, setup_context=_route_topk_setup)
+
+
+def _combine_setup(ctx, inputs, output):
+    rows, row_of, src_of_row, w = inputs
+    ctx.save_for_backward(rows, row_of, src_of_row, w)
+
+
+def _combine_backward(ctx, grad_y):
+    rows, row_of, src_of_row, w = ctx.saved_tensors
+    grad_y = grad_y.contiguous()
+    d_rows = d_w = None
+    if ctx.needs_input_grad[0]:
+        # Each row has one source pair, so the transpose of the combine is a (weighted) gather.
+        d_rows = ops.gather_rows(grad_y, src_of_row, w, row_of.shape[1])
+    if w is not None and ctx.needs_input_grad[3]:
+        d_w = ops.combine_weight_grad(grad_y, rows, row_of)
+    return d_rows, None, None, d_w
+
+
+torch.library.register_autograd("mok::combine", _combine_backward, setup_context=_combine_setup)
+
+
+def _swiglu_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+
+
+def _swiglu_backward(ctx, grad_act):
+    (h,) = ctx.saved_tensors
+    return ops.swiglu_backward(h, grad_act.contiguous())
+
+
+torch.library.register_autograd("mok::swiglu", _swiglu_backward, setup_context=_swiglu_setup)
+
+
+def _grouped_mm_setup(ctx, inputs, output):
+    a, a_gather, a_gather_div, b, offsets, trans_b = inputs
+    ctx.save_for_backward(a, a_gather, b, offsets)
+    ctx.a_gather_div, ctx.trans_b = a_gather_div, trans_b
+
+
+def _grouped_mm_backward(ctx, grad_out):
+    a, a_gather, b, offsets = ctx.saved_tensors
+    div, trans_b = ctx.a_gather_div, ctx.trans_b
+    grad_out = grad_out.contiguous()
+    d_a = d_b = None
+    if ctx.needs_input_grad[0]:
+        if a_gather is not None:
+            raise RuntimeError(
+                "mok.grouped_mm: no gradient for a when a_gather is given (rows may repeat); "
+                "use mok.ops.grouped_mm_swiglu, which reduces over each token's rows"
+            )
+        d_a = ops.grouped_mm(grad_out, None, 1, b, offsets, not trans_b)
+    if ctx.needs_input_grad[3]:
+        if trans_b:  # out = A b^T: d_b[e] = grad_e^T A_e, [N, K]
+            d_b = ops.grouped_mm_wgrad(grad_out, a, a_gather, div, offsets)
+        else:  # out = A b: d_b[e] = A_e^T grad_e, [K, N]
+            rows = a if a_gather is None else ops.gather_rows(a, a_gather, None, div)
+            d_b = ops.grouped_mm_wgrad(rows, grad_out, None, 1, offsets)
+    return d_a, None, None, d_b, None, None
+
+
+torch.library.register_autograd("mok::grouped_mm", _grouped_mm_backward, setup_context=_grouped_mm_setup)
+
+
+def _grouped_mm_swiglu_setup(ctx, inputs, output):
+    x, src_of_row, row_of, top_k, gate_up, offsets = inputs
+    _act, h = output
+    ctx.save_for_backward(x, src_of_row, row_of, gate_up, offsets, h)
+    ctx.top_k = top_k
+
+
+def _grouped_mm_swiglu_backward(ctx, grad_act, grad_h):
+    x, src_of_row, row_of, gate_up, offsets, h = ctx.saved_tensors
+    if grad_act is not None:
+        d_h = ops.swiglu_backward(h, grad_act.contiguous())
+        if grad_h is not None:
+            d_h = d_h + grad_h
+    else:
+        d_h = grad_h.contiguous() if grad_h is not None else torch.zeros_like(h)
+    d_x = d_w = None
+    if ctx.needs_input_grad[0]:
+        d_rows = ops.grouped_mm(d_h, None, 1, gate_up, offsets, False)
+        d_x = ops.combine(d_rows, row_of, src_of_row, None)  # sum of each token's K rows, fixed order
+    if ctx.needs_input_grad[4]:
+        d_w = ops.grouped_mm_wgrad(d_h, x, src_of_row, ctx.top_k, offsets)
+    return d_x, None, None, None, d_w, None
+
+
+torch.library.register_autograd(
+    "mok::grouped_mm_swiglu", _grouped_mm_swiglu_backward, setup_context=_grouped_mm_swiglu_setup
+)
+
+# Operators every test suite must opcheck (tests/test_opcheck.py fails if one is missing).
+ALL_OPS = (
+    "route_topk",
+    "route_topk_backward",
+    "moe_plan",
+    "gather_rows",
+    "combine",
+    "combine_weight_grad",
+    "swiglu",
+    "swiglu_backward",
+    "grouped_mm",
+    "grouped_mm_swiglu",
+    "grouped_mm_wgrad",
+    "device_errors",
+)

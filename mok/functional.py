@@ -1,0 +1,153 @@
+"""mok's functional API: routing and the routed-expert MLP, with input checks that name the
+argument. Everything here runs on mok's operators (torch.ops.mok), with no host synchronisation,
+so it traces under torch.compile(fullgraph=True) and captures in CUDA graphs."""
+from typing import NamedTuple, Optional
+
+import torch
+
+from . import _errors
+from ._ops import ops, plan_tile_for
+
+_SCORE_FUNCS = {"softmax": 0, "sigmoid": 1}
+_DATA_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+
+class Plan(NamedTuple):
+    """Where each (token, k) pair lives in the expert-ordered, tile-padded row space."""
+
+    counts: torch.Tensor  # [E] int32: pairs routed to each expert
+    offsets: torch.Tensor  # [E + 1] int32: first row of each expert (padded to the tile)
+    row_of: torch.Tensor  # [T, K] int32: row of each pair, -1 if skipped
+    src_of_row: torch.Tensor  # [capacity] int32: t * K + k of each row, -1 for padding
+    num_skipped: torch.Tensor  # [1] int32: pairs whose expert id was outside [0, E)
+
+
+def _fail(name, expected, got):
+    raise ValueError(f"mok: {name} must be {expected}, got {got}")
+
+
+def _check_tensor(t, name):
+    if not isinstance(t, torch.Tensor):
+        _fail(name, "a torch.Tensor", type(t).__name__)
+
+
+def _eager() -> bool:
+    return not torch.compiler.is_compiling()
+
+
+def route_topk(logits, top_k, *, bias=None, score_func="softmax", n_group=1, topk_group=1, renormalize=True,
+               scaling=1.0):
+    """Fused top-k routing over router logits [T, E] (float32 or float64).
+
+    Returns (topk_idx [T, K] int32, topk_w [T, K] in the dtype of logits). `bias` [E] shifts the
+    scores used for selection only (aux-loss-free load balancing); n_group / topk_group restrict
+    each token to its best groups (DeepSeek-V3); renormalize makes the K weights sum to one;
+    scaling multiplies them. topk_w is differentiable with respect to logits."""
+    _check_tensor(logits, "logits")
+    if score_func not in _SCORE_FUNCS:
+        _fail("score_func", "'softmax' or 'sigmoid'", repr(score_func))
+    if logits.dim() != 2:
+        _fail("logits", "2-D [T, E]", f"shape {tuple(logits.shape)}")
+    if logits.dtype not in (torch.float32, torch.float64):
+        logits = logits.float()
+    if bias is not None and bias.dtype != logits.dtype:
+        bias = bias.to(logits.dtype)
+    topk_w, topk_idx = ops.route_topk(logits.contiguous(), bias, int(top_k), _SCORE_FUNCS[score_func],
+                                      int(n_group), int(topk_group), bool(renormalize), float(scaling))
+    return topk_idx, topk_w
+
+
+def _expert_ids_int32(topk_idx, num_experts):
+    if topk_idx.dtype == torch.int32:
+        return topk_idx.contiguous()
+    # NOTE: clamp before narrowing, so an out-of-range int64 id stays out of range instead of wrapping.
+    return topk_idx.clamp(-1, num_experts).to(torch.int32).contiguous()
+
+
+def moe_plan(topk_idx, num_experts, *, tile=None, skip_invalid=False) -> Plan:
+    """Builds the routing plan of topk_idx [T, K] on its device (no host sync). tile: the row
+    alignment of each expert (default: 128 on CUDA, where GEMM tiles must not straddle experts;
+    1 on the CPU)."""
+    _check_tensor(topk_idx, "topk_idx")
+    if topk_idx.dim() != 2:
+        _fail("topk_idx", "2-D [T, K]", f"shape {tuple(topk_idx.shape)}")
+    if topk_idx.dtype not in (torch.int32, torch.int64):
+        _fail("topk_idx", "int32 or int64", topk_idx.dtype)
+    if tile is None:
+        tile = plan_tile_for(topk_idx.device)
+    return Plan(*ops.moe_plan(_expert_ids_int32(topk_idx, num_experts), int(num_experts), int(tile),
+                              bool(skip_invalid)))
+
+
+def _check_experts_args(x, topk_idx, topk_w, gate_up_proj, down_proj):
+    for name, t in (("x", x), ("topk_idx", topk_idx), ("topk_w", topk_w), ("gate_up_proj", gate_up_proj),
+                    ("down_proj", down_proj)):
+        _check_tensor(t, name)
+    if x.dim() != 2:
+        _fail("x", "2-D [T, H]", f"shape {tuple(x.shape)}")
+    if x.dtype not in _DATA_DTYPES:
+        _fail("x", "bfloat16, float16, float32 or float64", x.dtype)
+    if gate_up_proj.dim() != 3:
+        _fail("gate_up_proj", "3-D [E, 2I, H]", f"shape {tuple(gate_up_proj.shape)}")
+    if down_proj.dim() != 3:
+        _fail("down_proj", "3-D [E, H, I]", f"shape {tuple(down_proj.shape)}")
+    E, two_i, H = gate_up_proj.shape
+    if two_i % 2:
+        _fail("gate_up_proj.shape[1]", "even (gate rows then up rows, 2I)", two_i)
+    if H != x.shape[1]:
+        _fail("gate_up_proj.shape[2]", f"the hidden size of x ({x.shape[1]})", H)
+    if tuple(down_proj.shape) != (E, H, two_i // 2):
+        _fail("down_proj", f"of shape [E, H, I] = {(E, H, two_i // 2)} to match gate_up_proj",
+              f"shape {tuple(down_proj.shape)}")
+    for name, w in (("gate_up_proj", gate_up_proj), ("down_proj", down_proj)):
+        if w.dtype != x.dtype:
+            _fail(name, f"of the dtype of x ({x.dtype})", w.dtype)
+        if w.device != x.device:
+            _fail(name, f"on the device of x ({x.device})", w.device)
+        if not w.is_contiguous():
+            _fail(name, "contiguous (nn.Linear layout per expert; call .contiguous() once, not per step)",
+                  f"strides {w.stride()}")
+    if topk_idx.dim() != 2 or topk_idx.shape[0] != x.shape[0]:
+        _fail("topk_idx", f"of shape [T, K] with T = {x.shape[0]}", f"shape {tuple(topk_idx.shape)}")
+    if topk_idx.dtype not in (torch.int32, torch.int64):
+        _fail("topk_idx", "int32 or int64", topk_idx.dtype)
+    if topk_idx.device != x.device:
+        _fail("topk_idx", f"on the device of x ({x.device})", topk_idx.device)
+    if tuple(topk_w.shape) != tuple(topk_idx.shape):
+        _fail("topk_w", f"of the shape of topk_idx {tuple(topk_idx.shape)}", f"shape {tuple(topk_w.shape)}")
+    if not topk_w.is_floating_point():
+        _fail("topk_w", "a floating-point tensor", topk_w.dtype)
+    if topk_w.device != x.device:
+        _fail("topk_w", f"on the device of x ({x.device})", topk_w.device)
+    K = topk_idx.shape[1]
+    if K < 1 or K > E:
+        _fail("topk_idx.shape[1] (top_k)", f"in [1, num_experts={E}]", K)
+
+
+def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=False, plan: Optional[Plan] = None):
+    """The routed experts of an MoE layer: y[t] = sum_k topk_w[t, k] * MLP_e(x[t]), e = topk_idx[t, k],
+    MLP_e(v) = down_proj[e] @ (silu(gate[e] @ v) * (up[e] @ v)), [gate; up] = gate_up_proj[e].
+
+    x [T, H]; topk_idx [T, K] int32/int64; topk_w [T, K] (any float dtype; used in fp32);
+    gate_up_proj [E, 2I, H] and down_proj [E, H, I] (the Hugging Face transformers v5 layout, the
+    dtype of x). Returns y [T, H] in the dtype of x. Differentiable in x, topk_w and both weights.
+
+    An expert id outside [0, E) is an error; with skip_invalid=True such pairs are skipped (the
+    transformers expert-parallel convention for tokens routed to experts of other ranks). On CUDA
+    the error is seen by the GPU and raised by the next mok call (or mok.check_errors()), as a
+    synchronous check would stall the GPU."""
+    _check_experts_args(x, topk_idx, topk_w, gate_up_proj, down_proj)
+    if _eager() and x.is_cuda:
+        _errors.check_errors()
+    E = gate_up_proj.shape[0]
+    K = topk_idx.shape[1]
+    if plan is None:
+        plan = moe_plan(topk_idx, E, skip_invalid=skip_invalid)
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    x = x.contiguous()
+    act, _h = ops.grouped_mm_swiglu(x, plan.src_of_row, plan.row_of, K, gate_up_proj, plan.offsets)
+    rows = ops.grouped_mm(act, None, 1, down_proj, plan.offsets, True)
+    return ops.combine(rows, plan.row_of, plan.src_of_row, topk_w.to(acc).contiguous())
+
+
+check_errors = _errors.check_errors

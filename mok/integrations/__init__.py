@@ -1,0 +1,1 @@
+"""Adapters that put mok's kernels under other libraries' MoE modules."""

@@ -1,0 +1,193 @@
+"""Plain PyTorch versions of everything mok computes: the specification every kernel is tested
+against. Written for clarity (per-expert loops, explicit orders), not speed; run them in float64
+on the CPU to get the reference values.
+
+Conventions shared with the kernels:
+- routing: ties in a top-k go to the lower expert id (and the lower group id);
+- the plan: each expert's rows are its (token, k) pairs in increasing t * K + k order, padded to a
+  multiple of the tile;
+- combine: a token's K expert outputs are weighted and summed in k order, in the accumulation type.
+"""
+import torch
+import torch.nn.functional as F
+
+SOFTMAX, SIGMOID = "softmax", "sigmoid"
+
+
+def _topk_stable(scores, k):
+    """Indices of the k largest scores per row, descending, ties to the lower index."""
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
+    return order[..., :k]
+
+
+def route_topk(logits, top_k, *, bias=None, score_func=SOFTMAX, n_group=1, topk_group=1, renormalize=True,
+               scaling=1.0):
+    """Top-k routing. logits [T, E] (float). Returns (topk_idx [T, K] int64, topk_w [T, K], in the
+    dtype of logits). See mok_route_topk in csrc/core/mok_core.h for the exact rule."""
+    T, E = logits.shape
+    if score_func == SOFTMAX:
+        scores = torch.softmax(logits, dim=-1)
+    elif score_func == SIGMOID:
+        scores = torch.sigmoid(logits)
+    else:
+        raise ValueError(f"score_func must be 'softmax' or 'sigmoid', got {score_func!r}")
+    choice = scores + bias if bias is not None else scores
+    if n_group > 1:
+        per = E // n_group
+        grouped = choice.view(T, n_group, per)
+        top2 = torch.sort(grouped, dim=-1, descending=True).values[..., : min(2, per)]
+        group_scores = top2.sum(-1)
+        keep = _topk_stable(group_scores, topk_group)
+        allowed = torch.zeros(T, n_group, dtype=torch.bool, device=logits.device)
+        allowed.scatter_(1, keep, True)
+        allowed = allowed.repeat_interleave(per, dim=1)
+        choice = choice.masked_fill(~allowed, float("-inf"))
+    idx = _topk_stable(choice, top_k)
+    w = scores.gather(1, idx)
+    if renormalize:
+        w = w / (w.sum(-1, keepdim=True) + 1e-20)
+    return idx, w * scaling
+
+
+def plan_capacity(num_tokens, top_k, num_experts, tile):
+    pairs = num_tokens * top_k
+    if pairs == 0:
+        return 0
+    return -(-(pairs + min(num_experts, pairs) * (tile - 1)) // tile) * tile
+
+
+def moe_plan(topk_idx, num_experts, tile, skip_invalid=False):
+    """The routing plan (counts, offsets, row_of, src_of_row, num_skipped), built with a loop."""
+    T, K = topk_idx.shape
+    flat = topk_idx.reshape(-1).tolist()
+    valid = [0 <= e < num_experts for e in flat]
+    if not skip_invalid and not all(valid):
+        raise ValueError(f"topk_idx holds an expert id outside [0, {num_experts})")
+    counts = [0] * num_experts
+    for e, ok in zip(flat, valid):
+        if ok:
+            counts[e] += 1
+    offsets = [0]
+    for c in counts:
+        offsets.append(offsets[-1] + -(-c // tile) * tile)
+    cap = plan_capacity(T, K, num_experts, tile)
+    row_of = [-1] * (T * K)
+    src_of_row = [-1] * cap
+    fill = list(offsets[:-1])
+    for pair, (e, ok) in enumerate(zip(flat, valid)):
+        if ok:
+            row_of[pair] = fill[e]
+            src_of_row[fill[e]] = pair
+            fill[e] += 1
+    i32 = dict(dtype=torch.int32)
+    return (torch.tensor(counts, **i32), torch.tensor(offsets, **i32), torch.tensor(row_of, **i32).view(T, K),
+            torch.tensor(src_of_row, **i32), torch.tensor([valid.count(False)], **i32))
+
+
+def swiglu(h):
+    gate, up = h.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _expert_of_rows(offsets, rows):
+    """Expert id of each row index (rows at or past offsets[-1] get -1)."""
+    r = torch.arange(rows)
+    e = torch.searchsorted(offsets[1:].long(), r, right=True)
+    return torch.where(r < offsets[-1].long(), e, torch.full_like(e, -1))
+
+
+def grouped_mm(a, b, offsets, trans_b, a_gather=None, a_gather_div=1):
+    """Rows [offsets[e], offsets[e+1]) of A times b[e]^T (trans_b) or b[e]; rows past offsets[E] are 0.
+    A row r is a[a_gather[r] // a_gather_div] (zeros where a_gather[r] < 0) when a_gather is given."""
+    if a_gather is not None:
+        src = a_gather.long()
+        A = torch.where((src >= 0)[:, None], a[(src.clamp(min=0) // a_gather_div)], torch.zeros((), dtype=a.dtype))
+    else:
+        A = a
+    R = A.shape[0]
+    N = b.shape[1] if trans_b else b.shape[2]
+    out = torch.zeros(R, N, dtype=a.dtype)
+    off = offsets.long().tolist()
+    for e in range(b.shape[0]):
+        lo, hi = off[e], min(off[e + 1], R)
+        if hi > lo:
+            w = b[e].t() if trans_b else b[e]
+            out[lo:hi] = A[lo:hi] @ w
+    return out
+
+
+def grouped_mm_wgrad(a, b, offsets, b_gather=None, b_gather_div=1):
+    """out[e] = a_e^T @ B_e over the rows of expert e."""
+    B = b if b_gather is None else grouped_mm_rows(b, b_gather, b_gather_div)
+    off = offsets.long().tolist()
+    E = len(off) - 1
+    out = torch.zeros(E, a.shape[1], B.shape[1], dtype=a.dtype)
+    for e in range(E):
+        lo, hi = off[e], off[e + 1]
+        out[e] = a[lo:hi].t() @ B[lo:hi]
+    return out
+
+
+def grouped_mm_rows(x, src_of_row, top_k, w=None):
+    """gather_rows: row r is w[src] * x[src // K] for src = src_of_row[r] >= 0, zeros otherwise."""
+    src = src_of_row.long()
+    rows = x[src.clamp(min=0) // top_k]
+    if w is not None:
+        rows = rows * w.reshape(-1)[src.clamp(min=0)].to(rows.dtype)[:, None]
+    return torch.where((src >= 0)[:, None], rows, torch.zeros((), dtype=x.dtype))
+
+
+gather_rows = grouped_mm_rows
+
+
+def combine(rows, row_of, w=None):
+    """y[t] = sum over k (in order) of w[t, k] * rows[row_of[t, k]], skipping row_of < 0."""
+    T, K = row_of.shape
+    y = torch.zeros(T, rows.shape[1], dtype=rows.dtype)
+    for k in range(K):
+        r = row_of[:, k].long()
+        contrib = rows[r.clamp(min=0)]
+        if w is not None:
+            contrib = contrib * w[:, k : k + 1].to(rows.dtype)
+        y = y + torch.where((r >= 0)[:, None], contrib, torch.zeros((), dtype=rows.dtype))
+    return y
+
+
+def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=False):
+    """The routed experts of an MoE layer with a per-expert loop: y[t] = sum_k w[t,k] * MLP_e(x[t])
+    with MLP_e(v) = down[e] @ (silu(gate[e] @ v) * (up[e] @ v)) and e = topk_idx[t, k]; the K terms
+    are summed in k order. Pairs with an id outside [0, E) are skipped when skip_invalid, else an error."""
+    T, K = topk_idx.shape
+    E = gate_up_proj.shape[0]
+    idx = topk_idx.long()
+    valid = (idx >= 0) & (idx < E)
+    if not skip_invalid and not bool(valid.all()):
+        raise ValueError(f"topk_idx holds an expert id outside [0, {E})")
+    outs = torch.zeros(T, K, x.shape[1], dtype=x.dtype, device=x.device)
+    for e in range(E):
+        tok, slot = torch.where(idx == e)
+        if tok.numel() == 0:
+            continue
+        h = x[tok] @ gate_up_proj[e].t()
+        outs[tok, slot] = swiglu(h) @ down_proj[e].t()
+    y = torch.zeros_like(x)
+    for k in range(K):
+        y = y + outs[:, k] * topk_w[:, k : k + 1].to(x.dtype)
+    return y
+
+
+def moe_layer(x, router_weight, gate_up_proj, down_proj, top_k, *, bias=None, score_func=SOFTMAX, n_group=1,
+              topk_group=1, renormalize=True, scaling=1.0, shared=None):
+    """A whole MoE layer: router (fp32 logits), routed experts, optional shared expert MLP given as
+    (gate_proj [Is, H], up_proj [Is, H], down_proj [H, Is]). x [..., H]."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    logits = x2.to(torch.float64 if x.dtype == torch.float64 else torch.float32) @ router_weight.t().to(
+        torch.float64 if x.dtype == torch.float64 else torch.float32)
+    idx, w = route_topk(logits, top_k, bias=bias, score_func=score_func, n_group=n_group, topk_group=topk_group,
+                        renormalize=renormalize, scaling=scaling)
+    y = moe_experts(x2, idx, w, gate_up_proj, down_proj)
+    if shared is not None:
+        g, u, d = shared
+        y = y + (F.silu(x2 @ g.t()) * (x2 @ u.t())) @ d.t()
+    return y.reshape(shape)

@@ -1,0 +1,80 @@
+"""Build of mok: the C core (compiled as C11), the CUDA kernels (sm_90a) when a CUDA build of torch
+and nvcc are present, and the thin C++ torch-op layer, linked into one library `mok/_C*.so` that
+`mok/__init__.py` loads with torch.ops.load_library.
+
+    pip install --no-build-isolation -e .      # CUDA where possible, CPU-only otherwise
+    MOK_FORCE_CPU=1 pip install ...            # CPU-only build even where CUDA is present
+"""
+import glob
+import os
+
+from setuptools import find_packages, setup
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+import torch
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def want_cuda() -> bool:
+    if os.getenv("MOK_FORCE_CPU") == "1":
+        return False
+    if os.getenv("MOK_FORCE_CUDA") == "1":
+        return True
+    # A visible GPU is not needed to build, only a CUDA torch and nvcc.
+    return CUDA_HOME is not None and torch.version.cuda is not None
+
+
+def rel(pattern: str) -> list:
+    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern), recursive=True))
+
+
+USE_CUDA = want_cuda()
+CORE_SOURCES = rel("csrc/core/*.c")
+TORCH_SOURCES = rel("csrc/torch/*.cpp")
+CUDA_SOURCES = rel("csrc/cuda/**/*.cu")
+
+cxx_flags = ["-O3"] + (["-DMOK_WITH_CUDA"] if USE_CUDA else [])
+nvcc_flags = [
+    "-O3",
+    # NOTE: an explicit -gencode stops torch from adding its own arch flags; the sm_90a target is
+    # what wgmma / setmaxnreg need (the -arch=sm_90a shorthand also runs a plain sm_90 pass).
+    "-gencode=arch=compute_90a,code=sm_90a",
+    "-lineinfo",
+    "-U__CUDA_NO_HALF_OPERATORS__",
+    "-U__CUDA_NO_HALF_CONVERSIONS__",
+    "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+    "-U__CUDA_NO_HALF2_OPERATORS__",
+    "-DMOK_WITH_CUDA",
+]
+
+
+class MokBuildExt(BuildExtension):
+    """Compiles the C core with the C compiler (torch's ninja rules would compile .c as C++) and
+    links the objects into the extension."""
+
+    def build_extensions(self):
+        objects = self.compiler.compile(
+            CORE_SOURCES,
+            output_dir=self.build_temp,
+            extra_postargs=["-std=c11", "-O3", "-fPIC", "-ffp-contract=off", "-Wall", "-Wextra"],
+        )
+        for ext in self.extensions:
+            ext.extra_objects = list(ext.extra_objects or []) + objects
+        super().build_extensions()
+
+
+if USE_CUDA:
+    ext = CUDAExtension(
+        "mok._C",
+        TORCH_SOURCES + CUDA_SOURCES,
+        extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
+    )
+else:
+    ext = CppExtension("mok._C", TORCH_SOURCES, extra_compile_args={"cxx": cxx_flags})
+
+setup(
+    packages=find_packages(include=["mok", "mok.*"]),
+    ext_modules=[ext],
+    cmdclass={"build_ext": MokBuildExt.with_options(use_ninja=True)},
+)

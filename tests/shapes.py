@@ -1,0 +1,88 @@
+"""Shared test and benchmark inputs: `enumerate_*` lists of cases, `make_*` builders.
+
+Routing kinds cover the ragged cases every kernel must survive: balanced random routing, an expert
+with no tokens, one expert taking every token (as far as top-k allows), Zipf-like skew."""
+from dataclasses import dataclass
+
+import torch
+
+# Tolerances on ||out - ref|| / ||ref|| against the float64 reference, per dtype.
+TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 1e-2}
+
+
+@dataclass(frozen=True)
+class MoECase:
+    T: int
+    H: int
+    I: int
+    E: int
+    K: int
+    routing: str = "random"
+
+    def __str__(self):
+        return f"T{self.T}-H{self.H}-I{self.I}-E{self.E}-K{self.K}-{self.routing}"
+
+
+def enumerate_moe_cases(small=True):
+    cases = [
+        MoECase(0, 32, 16, 4, 2),  # no tokens
+        MoECase(1, 32, 16, 4, 1),  # one token, K = 1
+        MoECase(1, 32, 16, 4, 4),  # K = E
+        MoECase(37, 48, 40, 6, 2, "empty_expert"),
+        MoECase(53, 64, 24, 5, 1, "one_expert"),
+        MoECase(64, 130, 66, 8, 3, "zipf"),  # H, I not multiples of 128 (nor of 8)
+        MoECase(150, 96, 136, 16, 4, "random"),  # more rows than one plan tile
+    ]
+    if not small:
+        cases += [MoECase(1024, 256, 384, 32, 8, "random"), MoECase(777, 200, 100, 9, 2, "zipf")]
+    return cases
+
+
+def make_routing(T, K, E, kind="random", generator=None, device="cpu"):
+    """topk_idx [T, K] int64 with distinct experts per token, following the routing kind."""
+    g = generator
+    if T == 0:
+        return torch.empty(0, K, dtype=torch.int64, device=device)
+    if kind == "random":
+        idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    elif kind == "empty_expert":  # expert E-1 (and expert 0 for K < E-1) never chosen
+        pool = torch.arange(1, E - 1) if K <= E - 2 else torch.arange(E - 1)
+        idx = torch.stack([pool[torch.randperm(len(pool), generator=g)[:K]] for _ in range(T)])
+    elif kind == "one_expert":  # expert 2 in every token's first slot
+        rest = torch.tensor([e for e in range(E) if e != 2])
+        idx = torch.stack([torch.cat([torch.tensor([2]), rest[torch.randperm(len(rest), generator=g)[: K - 1]]])
+                           for _ in range(T)])
+    elif kind == "zipf":
+        p = 1.0 / torch.arange(1, E + 1, dtype=torch.float64) ** 1.2
+        idx = torch.stack([torch.multinomial(p, K, replacement=False, generator=g) for _ in range(T)])
+    else:
+        raise ValueError(kind)
+    return idx.to(device)
+
+
+def make_moe_inputs(case: MoECase, dtype, device="cpu", seed=None, requires_grad=False):
+    """(x, topk_idx, topk_w, gate_up [E, 2I, H], down [E, H, I]) with fresh random values."""
+    g = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(0, 2**31, ()).item()))
+    T, H, I, E, K = case.T, case.H, case.I, case.E, case.K
+    x = torch.randn(T, H, generator=g, dtype=torch.float64)
+    gate_up = torch.randn(E, 2 * I, H, generator=g, dtype=torch.float64) / H**0.5
+    down = torch.randn(E, H, I, generator=g, dtype=torch.float64) / I**0.5
+    idx = make_routing(T, K, E, case.routing, g)
+    w = torch.rand(T, K, generator=g, dtype=torch.float64) + 0.1
+    out = [t.to(device=device, dtype=dtype) for t in (x, gate_up, down)]
+    x, gate_up, down = out
+    w = w.to(device=device, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+    if requires_grad:
+        for t in (x, gate_up, down, w):
+            t.requires_grad_(True)
+    return x, idx.to(device), w, gate_up, down
+
+
+def rel_err(out, ref):
+    out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
+    if ref.numel() == 0:
+        return 0.0
+    denom = ref.norm()
+    if denom == 0:
+        return float(out.norm())
+    return float((out - ref).norm() / denom)

@@ -1,0 +1,57 @@
+"""torch.library.opcheck on every mok operator (schema, fake kernel, autograd registration,
+aot dispatch). The list of operators is enforced: a new operator without a case fails here."""
+import pytest
+import torch
+
+import mok
+from conftest import DEVICES
+from mok._ops import ALL_OPS, ops
+from shapes import MoECase, make_moe_inputs
+
+
+def op_cases(device):
+    case = MoECase(13, 12, 10, 4, 2, "empty_expert")
+    x, idx, w, gate_up, down = make_moe_inputs(case, torch.float32, device)
+    plan = mok.functional.moe_plan(idx, case.E, tile=8)
+    R = plan.src_of_row.shape[0]
+    rows = torch.randn(R, case.H, device=device)
+    rows[plan.src_of_row < 0] = 0
+    act = torch.randn(R, case.I, device=device)
+    logits = torch.randn(case.T, case.E, device=device)
+    grad = lambda t: t.clone().requires_grad_(True)  # noqa: E731
+    return {
+        "route_topk": [(grad(logits), None, 2, 0, 1, 1, True, 1.0),
+                       (grad(logits), torch.rand(4, device=device), 2, 1, 2, 1, True, 2.5)],
+        "route_topk_backward": [(torch.randn(case.T, 2, device=device), logits,
+                                 ops.route_topk(logits, None, 2, 0, 1, 1, True, 1.0)[1], 0, True, 1.0)],
+        "moe_plan": [(idx.to(torch.int32), case.E, 8, False), (idx.to(torch.int32), case.E, 128, True)],
+        "gather_rows": [(x, plan.src_of_row, w, case.K), (x, plan.src_of_row, None, case.K)],
+        "combine": [(grad(rows), plan.row_of, plan.src_of_row, grad(w)), (grad(rows), plan.row_of, plan.src_of_row, None)],
+        "combine_weight_grad": [(torch.randn(case.T, case.H, device=device), rows, plan.row_of)],
+        "swiglu": [(grad(torch.randn(9, 16, device=device)),)],
+        "swiglu_backward": [(torch.randn(9, 16, device=device), torch.randn(9, 8, device=device))],
+        "grouped_mm": [(grad(act), None, 1, grad(down), plan.offsets, True),
+                       (grad(rows), None, 1, grad(down), plan.offsets, False)],
+        "grouped_mm_swiglu": [(grad(x), plan.src_of_row, plan.row_of, case.K, grad(gate_up), plan.offsets)],
+        "grouped_mm_wgrad": [(act, rows, None, 1, plan.offsets), (act, x, plan.src_of_row, case.K, plan.offsets)],
+    }
+
+
+def test_every_op_has_a_case():
+    registered = {name for name in ALL_OPS}
+    assert set(op_cases("cpu")) == registered - {"device_errors"}, "add an opcheck case for each new op"
+    for name in ALL_OPS:
+        assert hasattr(ops, name), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", [n for n in ALL_OPS if n != "device_errors"])
+def test_opcheck(device, name):
+    for args in op_cases(device)[name]:
+        torch.library.opcheck(getattr(ops, name).default, args)
+
+
+def test_device_errors_op_reads_zero_without_errors():
+    assert ops.device_errors(False) in (0, 1)
+    mok.check_errors()
+    assert ops.device_errors(False) == 0

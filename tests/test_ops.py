@@ -1,0 +1,134 @@
+"""Each operator against its float64 reference in mok.reference, on ragged plans."""
+import pytest
+import torch
+
+import mok
+from conftest import DEVICES
+from mok import reference
+from mok._ops import ops
+from shapes import TOL, MoECase, enumerate_moe_cases, make_moe_inputs, make_routing, rel_err
+
+DTYPES = [torch.float64, torch.float32, torch.bfloat16]
+CASES = enumerate_moe_cases()
+
+
+def plan_for(case, device, tile=128):
+    idx = make_routing(case.T, case.K, case.E, case.routing)
+    return idx, mok.functional.moe_plan(idx.to(device), case.E, tile=tile), reference.moe_plan(idx, case.E, tile)
+
+
+def filled_rows(plan, H, dtype, device):
+    """Rows with random values where the plan has a pair, zeros in padding rows (the invariant)."""
+    rows = torch.randn(plan.src_of_row.shape[0], H, dtype=torch.float64)
+    rows[plan.src_of_row.cpu() < 0] = 0
+    return rows.to(device=device, dtype=dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("trans_b", [True, False], ids=["nt", "nn"])
+def test_grouped_mm(device, dtype, case, trans_b):
+    _, plan, _ = plan_for(case, device)
+    R, Kd, N = plan.src_of_row.shape[0], case.H, case.I
+    a = filled_rows(plan, Kd, dtype, device)
+    b = torch.randn(case.E, *((N, Kd) if trans_b else (Kd, N)), dtype=torch.float64).to(device, dtype)
+    out = ops.grouped_mm(a, None, 1, b, plan.offsets, trans_b)
+    ref = reference.grouped_mm(a.double().cpu(), b.double().cpu(), plan.offsets.cpu(), trans_b)
+    assert out.shape == (R, N)
+    assert rel_err(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_grouped_mm_swiglu_gathers_token_rows(device, dtype, case):
+    x, idx, _, gate_up, _ = make_moe_inputs(case, dtype, device)
+    plan = mok.functional.moe_plan(idx, case.E)
+    act, h = ops.grouped_mm_swiglu(x, plan.src_of_row, plan.row_of, case.K, gate_up, plan.offsets)
+    ref_h = reference.grouped_mm(x.double().cpu(), gate_up.double().cpu(), plan.offsets.cpu(), True,
+                                 a_gather=plan.src_of_row.cpu(), a_gather_div=case.K)
+    assert rel_err(h, ref_h) < TOL[dtype]
+    assert rel_err(act, reference.swiglu(ref_h)) < TOL[dtype]
+    # act is SwiGLU of the rounded h, exactly (the epilogue works on the stored values).
+    torch.testing.assert_close(act, ops.swiglu(h), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("gather", [False, True])
+def test_grouped_mm_wgrad(device, dtype, case, gather):
+    _, plan, _ = plan_for(case, device)
+    a = filled_rows(plan, case.I, dtype, device)
+    if gather:
+        b = torch.randn(case.T, case.H, dtype=torch.float64).to(device, dtype)
+        out = ops.grouped_mm_wgrad(a, b, plan.src_of_row, case.K, plan.offsets)
+        ref = reference.grouped_mm_wgrad(a.double().cpu(), b.double().cpu(), plan.offsets.cpu(),
+                                         plan.src_of_row.cpu(), case.K)
+    else:
+        b = filled_rows(plan, case.H, dtype, device)
+        out = ops.grouped_mm_wgrad(a, b, None, 1, plan.offsets)
+        ref = reference.grouped_mm_wgrad(a.double().cpu(), b.double().cpu(), plan.offsets.cpu())
+    assert out.shape == (case.E, case.I, case.H)
+    assert rel_err(out, ref) < TOL[dtype]
+    empty = (plan.counts.cpu() == 0)
+    assert out.cpu()[empty].abs().sum() == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_combine_gather_and_weight_grad(device, dtype, case):
+    _, plan, _ = plan_for(case, device)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    rows = filled_rows(plan, case.H, dtype, device)
+    w = torch.rand(case.T, case.K, dtype=acc, device=device)
+    y = ops.combine(rows, plan.row_of, plan.src_of_row, w)
+    assert rel_err(y, reference.combine(rows.double().cpu(), plan.row_of.cpu(), w.double().cpu())) < TOL[dtype]
+    y1 = ops.combine(rows, plan.row_of, plan.src_of_row, None)
+    assert rel_err(y1, reference.combine(rows.double().cpu(), plan.row_of.cpu())) < TOL[dtype]
+    dy = torch.randn(case.T, case.H, dtype=torch.float64).to(device, dtype)
+    g = ops.gather_rows(dy, plan.src_of_row, w, case.K)
+    assert rel_err(g, reference.gather_rows(dy.double().cpu(), plan.src_of_row.cpu(), case.K,
+                                            w.double().cpu())) < TOL[dtype]
+    dw = ops.combine_weight_grad(dy, rows, plan.row_of)
+    ref_dw = (dy.double().cpu()[:, None, :] * rows.double().cpu()[plan.row_of.cpu().long().clamp(min=0)]).sum(-1)
+    ref_dw[plan.row_of.cpu() < 0] = 0
+    assert dw.dtype == acc and rel_err(dw, ref_dw) < TOL[dtype]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_forward_backward(device, dtype):
+    h = torch.randn(77, 2 * 45, dtype=torch.float64)
+    d_act = torch.randn(77, 45, dtype=torch.float64)
+    href = h.clone().requires_grad_(True)
+    reference.swiglu(href).backward(d_act)
+    act = ops.swiglu(h.to(device, dtype))
+    d_h = ops.swiglu_backward(h.to(device, dtype), d_act.to(device, dtype))
+    assert rel_err(act, reference.swiglu(h)) < TOL[dtype]
+    assert rel_err(d_h, href.grad) < TOL[dtype]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradcheck_ops(device):
+    case = MoECase(9, 6, 5, 4, 2, "empty_expert")
+    x, idx, w, gate_up, down = make_moe_inputs(case, torch.float64, device, requires_grad=True)
+    plan = mok.functional.moe_plan(idx, case.E, tile=4)
+
+    def gemm1(x, gu):
+        act, h = ops.grouped_mm_swiglu(x, plan.src_of_row, plan.row_of, case.K, gu, plan.offsets)
+        return act, h
+
+    assert torch.autograd.gradcheck(gemm1, (x, gate_up))
+    act = gemm1(x, gate_up)[0].detach().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda a, d: ops.grouped_mm(a, None, 1, d, plan.offsets, True), (act, down))
+    rows = torch.randn(act.shape[0], case.H, dtype=torch.float64, device=device)
+    rows[plan.src_of_row < 0] = 0
+    rows.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda r, ww: ops.combine(r, plan.row_of, plan.src_of_row, ww), (rows, w))
+    h = torch.randn(7, 8, dtype=torch.float64, device=device, requires_grad=True)
+    assert torch.autograd.gradcheck(ops.swiglu, (h,))
+    b_nn = torch.randn(case.E, case.I, case.H, dtype=torch.float64, device=device, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: ops.grouped_mm(a, None, 1, b, plan.offsets, False), (act, b_nn))
