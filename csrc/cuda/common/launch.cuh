@@ -1,0 +1,65 @@
+/*
+ * Host-side helpers shared by the launchers: argument checks, grid sizing, the SM count and the
+ * mapping of launch errors to the launcher's return value (see mok_cuda.h).
+ */
+#ifndef MOK_CUDA_COMMON_LAUNCH_CUH
+#define MOK_CUDA_COMMON_LAUNCH_CUH
+
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+#include "../mok_cuda.h"
+
+/* Return MOK_ERR_ARG from the enclosing launcher when cond is false. */
+#define MOK_CHECK_ARG(cond)          \
+    do {                             \
+        if (!(cond)) {               \
+            return MOK_ERR_ARG;      \
+        }                            \
+    } while (0)
+
+/* Largest value any int32 index tensor of mok can hold. */
+#define MOK_INT32_LIMIT ((int64_t)2147483647)
+
+/* 0 when every launch so far succeeded, else the (positive) cudaError_t of the last failure. */
+static inline int mok_launch_status(void) {
+    const cudaError_t err = cudaGetLastError();
+    return err == cudaSuccess ? 0 : (int)err;
+}
+
+/* Number of SMs of the current device, queried once per device and cached.
+ * NOTE: the cache is a plain static array; concurrent first calls store the same value. */
+static inline int mok_num_sms(void) {
+    enum { MAX_DEVICES = 64 };
+    static int cache[MAX_DEVICES];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        return 1;
+    }
+    if (dev >= 0 && dev < MAX_DEVICES && cache[dev] > 0) {
+        return cache[dev];
+    }
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+        n = 1;
+    }
+    if (dev >= 0 && dev < MAX_DEVICES) {
+        cache[dev] = n;
+    }
+    return n;
+}
+
+/* Number of blocks of a grid-stride launch over n work items, threads items per block, at most
+ * blocks_per_sm blocks per SM (n > 0). */
+static inline unsigned int mok_grid_stride_blocks(int64_t n, int64_t threads, int64_t blocks_per_sm) {
+    int64_t blocks = (n + threads - 1) / threads;
+    const int64_t cap = (int64_t)mok_num_sms() * blocks_per_sm;
+    if (blocks > cap) {
+        blocks = cap;
+    }
+    return (unsigned int)(blocks < 1 ? 1 : blocks);
+}
+
+static inline int64_t mok_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+#endif /* MOK_CUDA_COMMON_LAUNCH_CUH */

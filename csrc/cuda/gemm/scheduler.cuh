@@ -1,0 +1,112 @@
+/*
+ * Persistent tile scheduler of mok's grouped GEMMs.
+ *
+ * Tile space: num_groups x num_m_tiles x num_n_tiles, walked with the linear index
+ *   linear = (group * num_m_tiles + m_tile) * num_n_tiles + n_tile
+ * (n fastest, so the CTAs that run at the same time share the A rows of an M-tile). CTA b takes
+ * tiles b, b + gridDim.x, b + 2 * gridDim.x, ... (static round robin: deterministic, no atomics).
+ *
+ * Forward / dgrad GEMMs walk the plan's row space: one group, M-tiles over the R rows. The number
+ * of rows in use, offsets[E], lives in device memory and is read here on the device (no host sync);
+ * tiles at or past it are still handed out with in_use = 0 so that the kernel zero-fills them.
+ * The weight-gradient GEMM uses one group per expert and M-tiles over the weight's rows.
+ *
+ * mok_sched_wait_ready() is the hook of the fused dispatch + GEMM kernel (per-tile ready counters,
+ * DESIGN.md); it is a no-op today.
+ */
+#ifndef MOK_CUDA_GEMM_SCHEDULER_CUH
+#define MOK_CUDA_GEMM_SCHEDULER_CUH
+
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+struct mok_tile_sched {
+    int64_t num_groups, num_m_tiles, num_n_tiles, num_tiles;
+    int64_t tile_m;    /* rows per M-tile */
+    int64_t rows_used; /* rows of the row space in use: min(offsets[E], R); INT64_MAX when unused */
+    int64_t next;      /* linear index of this CTA's next tile */
+    int64_t stride;    /* gridDim.x */
+};
+
+struct mok_tile {
+    int64_t group, m_tile, n_tile;
+    int64_t m0;  /* first row of the tile (m_tile * tile_m) */
+    int in_use;  /* 0: every row of the tile is at or past rows_used (zero-fill only) */
+};
+
+/* ---- row space helpers (plan offsets [E + 1], device memory) ---- */
+
+/* Rows in use: offsets[E] clamped to [0, R]. */
+__device__ __forceinline__ int64_t mok_rows_in_use(const int32_t* offsets, int64_t E, int64_t R) {
+    int64_t used = (int64_t)offsets[E];
+    used = used < 0 ? 0 : used;
+    return used > R ? R : used;
+}
+
+/* The expert e with offsets[e] <= r < offsets[e + 1], for offsets[0] <= r < offsets[E]; -1 when
+ * r < offsets[0]. Binary search for the last e in [0, E] with offsets[e] <= r.
+ * NOTE: empty experts (equal consecutive offsets) are never returned for a row in use, because
+ * the last e with offsets[e] <= r has offsets[e + 1] > r. */
+__device__ __forceinline__ int64_t mok_expert_of_row(const int32_t* offsets, int64_t E, int64_t r) {
+    if (r < (int64_t)offsets[0]) {
+        return -1;
+    }
+    int64_t lo = 0, hi = E; /* invariant: offsets[lo] <= r, answer in [lo, hi] */
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if ((int64_t)offsets[mid] <= r) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return lo;
+}
+
+/* ---- scheduler ---- */
+
+/* Set up the walk of this CTA. rows_used: INT64_MAX when every tile is in use. */
+__device__ __forceinline__ void mok_sched_init(struct mok_tile_sched* s, int64_t num_groups, int64_t num_m_tiles,
+                                               int64_t num_n_tiles, int64_t tile_m, int64_t rows_used) {
+    s->num_groups = num_groups;
+    s->num_m_tiles = num_m_tiles;
+    s->num_n_tiles = num_n_tiles;
+    s->num_tiles = num_groups * num_m_tiles * num_n_tiles;
+    s->tile_m = tile_m;
+    s->rows_used = rows_used;
+    s->next = (int64_t)blockIdx.x;
+    s->stride = (int64_t)gridDim.x;
+}
+
+/* The next tile of this CTA; false when the CTA is done. Every thread of the CTA calls it and gets
+ * the same tile (the walk depends on blockIdx only). */
+__device__ __forceinline__ bool mok_sched_next_tile(struct mok_tile_sched* s, struct mok_tile* t) {
+    if (s->next >= s->num_tiles) {
+        return false;
+    }
+    const int64_t linear = s->next;
+    s->next += s->stride;
+    t->n_tile = linear % s->num_n_tiles;
+    const int64_t gm = linear / s->num_n_tiles;
+    t->m_tile = gm % s->num_m_tiles;
+    t->group = gm / s->num_m_tiles;
+    t->m0 = t->m_tile * s->tile_m;
+    t->in_use = t->m0 < s->rows_used ? 1 : 0;
+    return true;
+}
+
+/* Wait until the rows of tile t have arrived. No-op today: every input is complete at launch.
+ * NOTE: a fused dispatch + GEMM kernel replaces this with a bounded spin on a per-tile ready
+ * counter (ld.acquire), ending in mok's error flag on timeout. */
+__device__ __forceinline__ void mok_sched_wait_ready(const struct mok_tile* t) { (void)t; }
+
+/* Host: grid size of a persistent launch over num_tiles tiles (num_tiles > 0). */
+static inline unsigned int mok_sched_grid(int64_t num_tiles, int num_sms, int ctas_per_sm) {
+    int64_t g = (int64_t)(num_sms > 0 ? num_sms : 1) * ctas_per_sm;
+    if (g > num_tiles) {
+        g = num_tiles;
+    }
+    return (unsigned int)(g < 1 ? 1 : g);
+}
+
+#endif /* MOK_CUDA_GEMM_SCHEDULER_CUH */

@@ -1,0 +1,245 @@
+/*
+ * Row movement (mok_gather_rows, mok_combine, mok_combine_weight_grad in mok_core.h):
+ *   gather_rows:          out[r, :] = (w ? w[src] : 1) * x[src / K, :], src = src_of_row[r]; 0 when src < 0
+ *   combine:              y[t, :] = sum_{k = 0..K-1, row_of[t, k] >= 0} (w ? w[t, k] : 1) * rows[row_of[t, k], :]
+ *   combine_weight_grad:  d_w[t, k] = sum_h dy[t, h] * rows[row_of[t, k], h]   (0 when row_of[t, k] < 0)
+ *
+ * NOTE: indices that do not fit their tensor (src >= T * K, row_of >= R) cannot be reported without
+ * a host sync; they are treated like the "absent" value (-1): a zero row, or a skipped term.
+ */
+#include <stdint.h>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "mok_cuda.h"
+#include "common/dtype.cuh"
+#include "common/launch.cuh"
+
+namespace {
+
+enum { ROWS_THREADS = 256, ROWS_BLOCKS_PER_SM = 16, WG_WARPS = 8 };
+
+/* ------------------------------------------------------------------------------------------------
+ * gather_rows: one block per output row (grid-stride over rows), threads over H.
+ * ---------------------------------------------------------------------------------------------- */
+template <typename T>
+__global__ void __launch_bounds__(ROWS_THREADS) gather_rows_kernel(const T* __restrict__ x, int64_t T_, int64_t H,
+                                                                   int64_t K, int64_t R,
+                                                                   const int32_t* __restrict__ src_of_row,
+                                                                   const typename mok_acc<T>::type* __restrict__ w,
+                                                                   T* __restrict__ out) {
+    typedef typename mok_acc<T>::type Acc;
+    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+        /* ---- source pair of this row (uniform over the block) ---- */
+        const int64_t src = (int64_t)src_of_row[r];
+        /* NOTE: src < T * K also guards the division by K (no valid src when K == 0). */
+        const bool valid = src >= 0 && src < T_ * K;
+        T* __restrict__ o = out + r * H;
+        if (!valid) {
+            for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+                o[h] = mok_zero<T>();
+            }
+            continue;
+        }
+        const T* __restrict__ xi = x + (src / K) * H;
+        /* ---- copy, or scale in the accumulation type and round once ---- */
+        /* NOTE: without w the row is copied bit for bit (1 * v rounds back to v). */
+        if (w == NULL) {
+            for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+                o[h] = xi[h];
+            }
+        } else {
+            const Acc s = w[src];
+            for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+                o[h] = mok_from_acc<T>(mok_mul(s, mok_to_acc(xi[h])));
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * combine: one block per token (grid-stride), threads over H; each thread keeps ONE accumulator per
+ * element and adds the K terms in increasing k (the core's order, each op rounded on its own).
+ * ---------------------------------------------------------------------------------------------- */
+template <typename T>
+__global__ void __launch_bounds__(ROWS_THREADS) combine_kernel(const T* __restrict__ rows, int64_t R, int64_t H,
+                                                               int64_t T_, int64_t K,
+                                                               const int32_t* __restrict__ row_of,
+                                                               const typename mok_acc<T>::type* __restrict__ w,
+                                                               T* __restrict__ y) {
+    typedef typename mok_acc<T>::type Acc;
+    for (int64_t t = blockIdx.x; t < T_; t += gridDim.x) {
+        const int32_t* __restrict__ ro = row_of + t * K;
+        for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+            /* ---- fixed-order sum over k ---- */
+            Acc acc = (Acc)0;
+            for (int64_t k = 0; k < K; ++k) {
+                const int64_t row = (int64_t)ro[k];
+                if (row < 0 || row >= R) {
+                    continue;
+                }
+                const Acc v = mok_to_acc(rows[row * H + h]);
+                acc = mok_add(acc, w != NULL ? mok_mul(w[t * K + k], v) : v);
+            }
+            y[t * H + h] = mok_from_acc<T>(acc);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * combine_weight_grad: one warp per (t, k) pair.
+ * NOTE: fixed-shape reduction, not the core's serial order: lane l sums h = l, l + 32, ... in
+ * increasing h (one accumulator), then the 32 partials are folded by a fixed shuffle tree
+ * (offsets 16, 8, 4, 2, 1). Bitwise reproducible; equal to the core up to rounding.
+ * ---------------------------------------------------------------------------------------------- */
+template <typename T>
+__global__ void __launch_bounds__(WG_WARPS * 32) combine_weight_grad_kernel(const T* __restrict__ dy,
+                                                                            const T* __restrict__ rows, int64_t R,
+                                                                            int64_t H, int64_t TK, int64_t K,
+                                                                            const int32_t* __restrict__ row_of,
+                                                                            typename mok_acc<T>::type* __restrict__ d_w) {
+    typedef typename mok_acc<T>::type Acc;
+    const int lane = (int)(threadIdx.x % 32);
+    const int64_t warp = (int64_t)blockIdx.x * WG_WARPS + threadIdx.x / 32;
+    const int64_t num_warps = (int64_t)gridDim.x * WG_WARPS;
+    for (int64_t p = warp; p < TK; p += num_warps) {
+        /* ---- row of the pair (uniform over the warp) ---- */
+        const int64_t row = (int64_t)row_of[p];
+        const bool valid = row >= 0 && row < R;
+        /* ---- per-lane partial dot product, increasing h ---- */
+        Acc acc = (Acc)0;
+        if (valid) {
+            const T* __restrict__ dyt = dy + (p / K) * H;
+            const T* __restrict__ rr = rows + row * H;
+            for (int64_t h = lane; h < H; h += 32) {
+                acc = mok_add(acc, mok_mul(mok_to_acc(dyt[h]), mok_to_acc(rr[h])));
+            }
+        }
+        /* ---- fixed shuffle tree over the 32 lanes ---- */
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) {
+            acc = mok_add(acc, __shfl_down_sync(0xffffffffu, acc, off));
+        }
+        if (lane == 0) {
+            d_w[p] = valid ? acc : (Acc)0;
+        }
+    }
+}
+
+int rows_dtype_ok(mok_dtype dt) { return dt == MOK_BF16 || dt == MOK_F16 || dt == MOK_F32 || dt == MOK_F64; }
+
+}  // namespace
+
+extern "C" int mok_gather_rows_cuda(const struct mok_gather_rows_args* args, cudaStream_t stream) {
+    /* ---- argument checks ---- */
+    MOK_CHECK_ARG(args != NULL);
+    MOK_CHECK_ARG(args->T >= 0 && args->H >= 0 && args->K >= 0 && args->R >= 0);
+    MOK_CHECK_ARG(args->R == 0 || (args->src_of_row != NULL && args->out != NULL));
+    MOK_CHECK_ARG(args->R == 0 || args->H == 0 || args->T == 0 || args->x != NULL);
+    if (!rows_dtype_ok(args->dtype)) {
+        return MOK_ERR_DTYPE;
+    }
+    if (args->R == 0 || args->H == 0) {
+        return 0;
+    }
+    /* ---- launch: one block per row, grid-stride ---- */
+    const unsigned int grid = mok_grid_stride_blocks(args->R, 1, ROWS_BLOCKS_PER_SM);
+    const int64_t T = args->T, H = args->H, K = args->K, R = args->R;
+    switch (args->dtype) {
+        case MOK_BF16:
+            gather_rows_kernel<__nv_bfloat16><<<grid, ROWS_THREADS, 0, stream>>>(
+                (const __nv_bfloat16*)args->x, T, H, K, R, args->src_of_row, (const float*)args->w,
+                (__nv_bfloat16*)args->out);
+            break;
+        case MOK_F16:
+            gather_rows_kernel<__half><<<grid, ROWS_THREADS, 0, stream>>>(
+                (const __half*)args->x, T, H, K, R, args->src_of_row, (const float*)args->w, (__half*)args->out);
+            break;
+        case MOK_F32:
+            gather_rows_kernel<float><<<grid, ROWS_THREADS, 0, stream>>>(
+                (const float*)args->x, T, H, K, R, args->src_of_row, (const float*)args->w, (float*)args->out);
+            break;
+        default:
+            gather_rows_kernel<double><<<grid, ROWS_THREADS, 0, stream>>>(
+                (const double*)args->x, T, H, K, R, args->src_of_row, (const double*)args->w, (double*)args->out);
+            break;
+    }
+    return mok_launch_status();
+}
+
+extern "C" int mok_combine_cuda(const struct mok_combine_args* args, cudaStream_t stream) {
+    /* ---- argument checks ---- */
+    MOK_CHECK_ARG(args != NULL);
+    MOK_CHECK_ARG(args->R >= 0 && args->H >= 0 && args->T >= 0 && args->K >= 0);
+    MOK_CHECK_ARG(args->T == 0 || args->H == 0 || args->y != NULL);
+    MOK_CHECK_ARG(args->T == 0 || args->K == 0 || args->row_of != NULL);
+    MOK_CHECK_ARG(args->R == 0 || args->H == 0 || args->rows != NULL);
+    if (!rows_dtype_ok(args->dtype)) {
+        return MOK_ERR_DTYPE;
+    }
+    if (args->T == 0 || args->H == 0) {
+        return 0;
+    }
+    /* ---- launch: one block per token, grid-stride ---- */
+    const unsigned int grid = mok_grid_stride_blocks(args->T, 1, ROWS_BLOCKS_PER_SM);
+    const int64_t R = args->R, H = args->H, T = args->T, K = args->K;
+    switch (args->dtype) {
+        case MOK_BF16:
+            combine_kernel<__nv_bfloat16><<<grid, ROWS_THREADS, 0, stream>>>(
+                (const __nv_bfloat16*)args->rows, R, H, T, K, args->row_of, (const float*)args->w,
+                (__nv_bfloat16*)args->y);
+            break;
+        case MOK_F16:
+            combine_kernel<__half><<<grid, ROWS_THREADS, 0, stream>>>(
+                (const __half*)args->rows, R, H, T, K, args->row_of, (const float*)args->w, (__half*)args->y);
+            break;
+        case MOK_F32:
+            combine_kernel<float><<<grid, ROWS_THREADS, 0, stream>>>(
+                (const float*)args->rows, R, H, T, K, args->row_of, (const float*)args->w, (float*)args->y);
+            break;
+        default:
+            combine_kernel<double><<<grid, ROWS_THREADS, 0, stream>>>(
+                (const double*)args->rows, R, H, T, K, args->row_of, (const double*)args->w, (double*)args->y);
+            break;
+    }
+    return mok_launch_status();
+}
+
+extern "C" int mok_combine_weight_grad_cuda(const struct mok_combine_weight_grad_args* args, cudaStream_t stream) {
+    /* ---- argument checks ---- */
+    MOK_CHECK_ARG(args != NULL);
+    MOK_CHECK_ARG(args->R >= 0 && args->H >= 0 && args->T >= 0 && args->K >= 0);
+    MOK_CHECK_ARG(args->T == 0 || args->K == 0 || (args->row_of != NULL && args->d_w != NULL));
+    MOK_CHECK_ARG(args->T == 0 || args->K == 0 || args->H == 0 || (args->dy != NULL && args->rows != NULL));
+    if (!rows_dtype_ok(args->dtype)) {
+        return MOK_ERR_DTYPE;
+    }
+    const int64_t TK = args->T * args->K;
+    if (TK == 0) {
+        return 0;
+    }
+    /* ---- launch: one warp per (t, k) pair, grid-stride ---- */
+    const unsigned int grid = mok_grid_stride_blocks(TK, WG_WARPS, ROWS_BLOCKS_PER_SM);
+    const int64_t R = args->R, H = args->H, K = args->K;
+    switch (args->dtype) {
+        case MOK_BF16:
+            combine_weight_grad_kernel<__nv_bfloat16><<<grid, WG_WARPS * 32, 0, stream>>>(
+                (const __nv_bfloat16*)args->dy, (const __nv_bfloat16*)args->rows, R, H, TK, K, args->row_of,
+                (float*)args->d_w);
+            break;
+        case MOK_F16:
+            combine_weight_grad_kernel<__half><<<grid, WG_WARPS * 32, 0, stream>>>(
+                (const __half*)args->dy, (const __half*)args->rows, R, H, TK, K, args->row_of, (float*)args->d_w);
+            break;
+        case MOK_F32:
+            combine_weight_grad_kernel<float><<<grid, WG_WARPS * 32, 0, stream>>>(
+                (const float*)args->dy, (const float*)args->rows, R, H, TK, K, args->row_of, (float*)args->d_w);
+            break;
+        default:
+            combine_weight_grad_kernel<double><<<grid, WG_WARPS * 32, 0, stream>>>(
+                (const double*)args->dy, (const double*)args->rows, R, H, TK, K, args->row_of, (double*)args->d_w);
+            break;
+    }
+    return mok_launch_status();
+}
