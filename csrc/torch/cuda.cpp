@@ -9,6 +9,7 @@
 
 #include <mutex>
 
+#include "../cuda/gemm/grouped_gemm_sm90.h"
 #include "../cuda/mok_cuda.h"
 #include "backend.h"
 #include "checks.h"
@@ -179,19 +180,44 @@ void swiglu_backward(const at::Tensor& h, const at::Tensor& d_act, at::Tensor& d
 }
 
 void grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, int64_t a_gather_div,
-                const at::Tensor& b, const at::Tensor& offsets, bool trans_b, at::Tensor& out, at::Tensor* swiglu_out) {
+                const at::Tensor& b, const at::Tensor& offsets, bool trans_b_in, at::Tensor& out,
+                at::Tensor* swiglu_out) {
+    bool trans_b = trans_b_in;
     c10::cuda::CUDAGuard guard(a.device());
+    // The sm_90a kernel reads B K-major ("NT"). For a bf16 "NN" product (the dgrad GEMMs, B = the
+    // weights [E, K, N]) one transposed copy of B is much cheaper than the SIMT kernel.
+    at::Tensor b_nt;
+    if (!trans_b && a.scalar_type() == at::kBFloat16) {
+        b_nt = b.transpose(1, 2).contiguous();
+        mok_grouped_gemm_args probe{};
+        probe.a = a.data_ptr();
+        probe.a_gather = opt_idx_ptr(a_gather);
+        probe.a_gather_div = a_gather_div;
+        probe.b = b_nt.data_ptr();
+        probe.dtype = MOK_BF16;
+        probe.E = b.size(0);
+        probe.N = out.size(1);
+        probe.Kd = b.size(1);
+        probe.trans_b = 1;
+        probe.out = out.data_ptr();
+        if (mok_grouped_gemm_sm90_supported(&probe)) {
+            trans_b = true;
+        } else {
+            b_nt = at::Tensor();
+        }
+    }
+    const at::Tensor& bb = b_nt.defined() ? b_nt : b;
     mok_grouped_gemm_args g{};
     g.a = a.data_ptr();
     g.a_gather = opt_idx_ptr(a_gather);
     g.a_gather_div = a_gather_div;
-    g.b = b.data_ptr();
+    g.b = bb.data_ptr();
     g.dtype = to_mok_dtype(a, "mok.grouped_mm", "a");
     g.offsets = offsets.data_ptr<int32_t>();
     g.R = out.size(0);
-    g.E = b.size(0);
+    g.E = bb.size(0);
     g.N = out.size(1);
-    g.Kd = trans_b ? b.size(2) : b.size(1);
+    g.Kd = trans_b ? bb.size(2) : bb.size(1);
     g.trans_b = trans_b;
     g.out = out.data_ptr();
     g.swiglu_out = swiglu_out ? swiglu_out->data_ptr() : nullptr;

@@ -1,0 +1,128 @@
+/*
+ * Launcher of the sm_90a BF16 grouped GEMM (gemm/grouped_gemm_sm90.cuh): tensor maps, grid,
+ * shared-memory opt-in. Kernel variants: {plain, SwiGLU epilogue} x {TMA A, gathered A}.
+ */
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdlib.h>
+
+#include "common/launch.cuh"
+#include "gemm/grouped_gemm_sm90.cuh"
+#include "gemm/grouped_gemm_sm90.h"
+
+namespace {
+
+typedef CUresult (*encode_tiled_fn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda). */
+encode_tiled_fn encode_fn() {
+    static encode_tiled_fn fn = NULL;
+    static bool tried = false;
+    if (!tried) {
+        tried = true;
+        cudaDriverEntryPointQueryResult q;
+        void* p = NULL;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess) {
+            fn = (encode_tiled_fn)p;
+        }
+        (void)cudaGetLastError();
+    }
+    return fn;
+}
+
+/* A K-major bf16 tensor of `rank` dims (dims[0] = K, contiguous) with 128B swizzle boxes. */
+bool encode(CUtensorMap* map, const void* base, int rank, const cuuint64_t* dims, const cuuint64_t* strides_bytes,
+            const cuuint32_t* box) {
+    encode_tiled_fn fn = encode_fn();
+    if (!fn) return false;
+    const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+    return fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, const_cast<void*>(base), dims, strides_bytes,
+              box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+bool is_hopper() {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+    return major == 9;
+}
+
+template <bool kSwiGLU, bool kGather>
+int launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const mok_sm90::params& p, int num_sms,
+           cudaStream_t stream) {
+    auto kernel = mok_sm90::grouped_gemm_bf16_nt_kernel<kSwiGLU, kGather>;
+    const int smem = (int)sizeof(mok_sm90::smem_layout) + 1024;
+    static bool configured = false;
+    if (!configured) {
+        if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+            return mok_launch_status();
+        configured = true;
+    }
+    const int64_t tiles = mok_ceil_div(p.R, mok_sm90::BM) * p.num_n_tiles;
+    const unsigned grid = mok_sched_grid(tiles, num_sms, 1);
+    kernel<<<grid, mok_sm90::kThreads, smem, stream>>>(tma_a, tma_b, p);
+    return mok_launch_status();
+}
+
+}  // namespace
+
+extern "C" int mok_grouped_gemm_sm90_supported(const struct mok_grouped_gemm_args* a) {
+    /* NOTE: read on every call (cheap), so tests and benchmarks can compare both kernels. */
+    const char* env = getenv("MOK_DISABLE_SM90");
+    if ((env && env[0] && env[0] != '0') || a->dtype != MOK_BF16 || !a->trans_b) return 0;
+    if (a->Kd <= 0 || a->Kd % 8 || a->N % 8 || a->E < 1 || a->E > MOK_INT32_LIMIT) return 0;
+    if (a->swiglu_out && (a->N / 2) % 8) return 0;
+    if (a->a_gather && (a->a_gather_div < 1 || a->a_gather_div > MOK_INT32_LIMIT)) return 0;
+    if (((uintptr_t)a->a | (uintptr_t)a->b | (uintptr_t)a->out) % 16) return 0;
+    if (a->swiglu_out && (uintptr_t)a->swiglu_out % 16) return 0;
+    return is_hopper() && encode_fn() != NULL;
+}
+
+extern "C" int mok_grouped_gemm_sm90(const struct mok_grouped_gemm_args* a, cudaStream_t stream) {
+    const bool swiglu = a->swiglu_out != NULL;
+    const bool gather = a->a_gather != NULL;
+    mok_sm90::params p;
+    p.a = static_cast<const __nv_bfloat16*>(a->a);
+    p.a_gather = a->a_gather;
+    p.a_gather_div = (int32_t)(gather ? a->a_gather_div : 1);
+    p.offsets = a->offsets;
+    p.E = (int32_t)a->E;
+    p.R = a->R;
+    p.N = a->N;
+    p.Kd = a->Kd;
+    p.out = static_cast<__nv_bfloat16*>(a->out);
+    p.swiglu_out = static_cast<__nv_bfloat16*>(a->swiglu_out);
+    p.num_n_tiles = swiglu ? mok_ceil_div(a->N / 2, mok_sm90::BN / 2) : mok_ceil_div(a->N, mok_sm90::BN);
+    if (p.R == 0) return 0;
+
+    /* ---- B [E, N, K] viewed as [E, halves, Nh, K]: SwiGLU reads the gate half and the up half of
+     * the same rows as two boxes; the plain GEMM has one half ---- */
+    const cuuint64_t Nh = (cuuint64_t)(swiglu ? a->N / 2 : a->N);
+    const cuuint64_t halves = swiglu ? 2 : 1;
+    const cuuint64_t row_bytes = (cuuint64_t)a->Kd * 2;
+    const cuuint64_t b_dims[4] = {(cuuint64_t)a->Kd, Nh, halves, (cuuint64_t)a->E};
+    const cuuint64_t b_strides[3] = {row_bytes, Nh * row_bytes, (cuuint64_t)a->N * row_bytes};
+    const cuuint32_t b_box[4] = {mok_sm90::BK, mok_sm90::BN / 2, 1, 1};
+    CUtensorMap tma_b, tma_a;
+    if (!encode(&tma_b, a->b, 4, b_dims, b_strides, b_box)) return MOK_ERR_ARG;
+    if (gather) {
+        tma_a = tma_b; /* unused by the gathering kernel */
+    } else {
+        const cuuint64_t a_dims[2] = {(cuuint64_t)a->Kd, (cuuint64_t)a->R};
+        const cuuint64_t a_strides[1] = {row_bytes};
+        const cuuint32_t a_box[2] = {mok_sm90::BK, mok_sm90::BM};
+        if (!encode(&tma_a, a->a, 2, a_dims, a_strides, a_box)) return MOK_ERR_ARG;
+    }
+    const int num_sms = a->num_sms > 0 ? a->num_sms : mok_num_sms();
+    if (swiglu) {
+        return gather ? launch<true, true>(tma_a, tma_b, p, num_sms, stream)
+                      : launch<true, false>(tma_a, tma_b, p, num_sms, stream);
+    }
+    return gather ? launch<false, true>(tma_a, tma_b, p, num_sms, stream)
+                  : launch<false, false>(tma_a, tma_b, p, num_sms, stream);
+}

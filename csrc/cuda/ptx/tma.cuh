@@ -1,0 +1,48 @@
+/*
+ * TMA (cp.async.bulk.tensor) and cp.async wrappers (sm_90). Tensor maps are built on the host
+ * (mok_tma_encode in gemm/tma_host.h) and passed to kernels as __grid_constant__ parameters.
+ */
+#ifndef MOK_CUDA_PTX_TMA_CUH
+#define MOK_CUDA_PTX_TMA_CUH
+
+#include <cuda.h>
+#include <stdint.h>
+
+#include "mbarrier.cuh"
+
+__device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)map) : "memory");
+}
+
+/* Loads the box at coordinates (c0 fastest, ...) into shared memory; completes on bar. */
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0,
+                                            int32_t c1) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
+            mok_smem_u32(dst)),
+        "l"((uint64_t)map), "r"(mok_smem_u32(bar)), "r"(c0), "r"(c1)
+        : "memory");
+}
+
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0, int32_t c1,
+                                            int32_t c2, int32_t c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
+        "[%2];" ::"r"(mok_smem_u32(dst)),
+        "l"((uint64_t)map), "r"(mok_smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+        : "memory");
+}
+
+/* 16-byte cp.async global -> shared; src_bytes < 16 zero-fills the rest (0: all zeros, src unread). */
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, uint32_t src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(mok_smem_u32(dst)), "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+
+/* Orders this thread's generic-proxy shared-memory accesses with its later async-proxy ones
+ * (wgmma operand reads, TMA stores). */
+__device__ __forceinline__ void fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+#endif /* MOK_CUDA_PTX_TMA_CUH */
