@@ -11,6 +11,8 @@ from ._errors import check_errors
 from ._lib import has_cuda_kernels
 from .layers import MoE, GroupedExperts, SharedExpertMLP, TopKRouter
 from .swap import swap_moe
+from . import ep
+from .ep import ExpertParallel, ExpertParallelExperts, VirtualExpertParallel
 
 __version__ = "0.1.0"
 
@@ -24,4 +26,8 @@ __all__ = [
     "reference",
     "check_errors",
     "has_cuda_kernels",
+    "ep",
+    "ExpertParallel",
+    "VirtualExpertParallel",
+    "ExpertParallelExperts",
 ]

@@ -27,3 +27,9 @@ def check_errors(synchronize: bool = False) -> None:
     bits = torch.ops.mok.device_errors(True)
     if bits:
         _raise_for(bits)
+    # Expert-parallel exchanges keep their own record: (set, waiting rank + 1, silent peer + 1, ...).
+    # (Only timeouts are raised here; ExpertParallel.check_errors reports the rest of the record.)
+    rec = torch.ops.mok.ep_error_record(False)
+    if rec[0]:
+        torch.ops.mok.ep_error_record(True)
+        raise RuntimeError(f"mok.ExpertParallel: rank {rec[1] - 1} timed out waiting for rank {rec[2] - 1}")

@@ -42,7 +42,8 @@ class TopKRouter(nn.Module):
         """x [T, H] -> (topk_idx [T, K] int32, topk_w [T, K] fp32, logits [T, E] fp32).
         (float64 inputs keep float64 router math, for gradient checks.)"""
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-        logits = F.linear(x.to(acc), self.weight.to(acc))
+        with torch.autocast(x.device.type, enabled=False):  # router logits in fp32 even under AMP
+            logits = F.linear(x.to(acc), self.weight.to(acc))
         idx, w = functional.route_topk(logits, self.top_k, bias=self.e_score_correction_bias,
                                        score_func=self.score_func, n_group=self.n_group,
                                        topk_group=self.topk_group, renormalize=self.norm_topk_prob,
@@ -99,14 +100,25 @@ class MoE(nn.Module):
 
     def __init__(self, hidden_size, intermediate_size, num_experts, top_k, *, score_func="softmax",
                  norm_topk_prob=True, n_group=1, topk_group=1, routed_scaling_factor=1.0, num_shared_experts=0,
-                 shared_intermediate_size=None, selection_bias=False, device=None, dtype=None):
+                 shared_intermediate_size=None, selection_bias=False, ep=None, device=None, dtype=None):
+        """ep: a mok.ExpertParallel (or VirtualExpertParallel) group: the experts are sharded over it
+        (rank r holds experts [r E/W, (r+1) E/W)) and forward and backward exchange tokens through
+        it. The router and the shared experts stay replicated; each rank routes its own tokens."""
         super().__init__()
         self.hidden_size, self.num_experts, self.top_k = hidden_size, num_experts, top_k
         self.router = TopKRouter(hidden_size, num_experts, top_k, score_func=score_func,
                                  norm_topk_prob=norm_topk_prob, n_group=n_group, topk_group=topk_group,
                                  routed_scaling_factor=routed_scaling_factor, selection_bias=selection_bias,
                                  device=device, dtype=dtype)
-        self.experts = GroupedExperts(num_experts, hidden_size, intermediate_size, device=device, dtype=dtype)
+        if ep is None:
+            self.experts = GroupedExperts(num_experts, hidden_size, intermediate_size, device=device, dtype=dtype)
+        else:
+            from .ep import ExpertParallelExperts
+
+            if ep.num_experts != num_experts or ep.top_k != top_k or ep.hidden_size != hidden_size:
+                raise ValueError("mok: MoE(ep=...) needs a group made for the same num_experts, top_k and hidden_size")
+            self.experts = ExpertParallelExperts(ep, hidden_size, intermediate_size, device=device, dtype=dtype)
+        self.ep = ep
         self.shared_experts = None
         if num_shared_experts or shared_intermediate_size:
             size = shared_intermediate_size or intermediate_size * num_shared_experts
