@@ -124,6 +124,16 @@ def _check_experts_args(x, topk_idx, topk_w, gate_up_proj, down_proj):
         _fail("topk_idx.shape[1] (top_k)", f"in [1, num_experts={E}]", K)
 
 
+def _autocast(x, *weights):
+    """Under torch.autocast, run the experts in the autocast dtype (weights cast per call, so fp32
+    master weights get their gradients in fp32), like torch's own matmuls."""
+    device_type = x.device.type
+    if not torch.is_autocast_enabled(device_type):
+        return (x, *weights)
+    dt = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dt) if t.is_floating_point() else t for t in (x, *weights))
+
+
 def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=False, plan: Optional[Plan] = None):
     """The routed experts of an MoE layer: y[t] = sum_k topk_w[t, k] * MLP_e(x[t]), e = topk_idx[t, k],
     MLP_e(v) = down_proj[e] @ (silu(gate[e] @ v) * (up[e] @ v)), [gate; up] = gate_up_proj[e].
@@ -136,6 +146,7 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
     transformers expert-parallel convention for tokens routed to experts of other ranks). On CUDA
     the error is seen by the GPU and raised by the next mok call (or mok.check_errors()), as a
     synchronous check would stall the GPU."""
+    x, gate_up_proj, down_proj = _autocast(x, gate_up_proj, down_proj)
     _check_experts_args(x, topk_idx, topk_w, gate_up_proj, down_proj)
     if _eager() and x.is_cuda:
         _errors.check_errors()

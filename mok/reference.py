@@ -169,7 +169,7 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
         if tok.numel() == 0:
             continue
         h = x[tok] @ gate_up_proj[e].t()
-        outs[tok, slot] = swiglu(h) @ down_proj[e].t()
+        outs[tok, slot] = (swiglu(h) @ down_proj[e].t()).to(outs.dtype)  # (autocast runs these in bf16)
     y = torch.zeros_like(x)
     for k in range(K):
         y = y + outs[:, k] * topk_w[:, k : k + 1].to(x.dtype)
@@ -182,8 +182,9 @@ def moe_layer(x, router_weight, gate_up_proj, down_proj, top_k, *, bias=None, sc
     (gate_proj [Is, H], up_proj [Is, H], down_proj [H, Is]). x [..., H]."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
-    logits = x2.to(torch.float64 if x.dtype == torch.float64 else torch.float32) @ router_weight.t().to(
-        torch.float64 if x.dtype == torch.float64 else torch.float32)
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    with torch.autocast(x.device.type, enabled=False):  # router logits in fp32 even under AMP
+        logits = x2.to(acc) @ router_weight.t().to(acc)
     idx, w = route_topk(logits, top_k, bias=bias, score_func=score_func, n_group=n_group, topk_group=topk_group,
                         renormalize=renormalize, scaling=scaling)
     y = moe_experts(x2, idx, w, gate_up_proj, down_proj)

@@ -25,7 +25,7 @@ def hf_config(name):
         return tf.Qwen2MoeConfig(**COMMON, intermediate_size=96, moe_intermediate_size=32,
                                  shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2)
     if name == "olmoe":
-        return tf.OlmoeConfig(**COMMON, intermediate_size=36, num_experts=8, num_experts_per_tok=2)
+        return tf.OlmoeConfig(**COMMON, intermediate_size=40, num_experts=8, num_experts_per_tok=2)
     if name == "deepseek_v3":
         return tf.DeepseekV3Config(**COMMON, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8,
                                    num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1,

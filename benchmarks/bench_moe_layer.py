@@ -1,0 +1,255 @@
+"""Routed-expert MLP of one MoE layer, forward and backward: mok.functional.moe_experts against the
+torchtitan-style torch._grouped_mm experts (eager and torch.compile'd) and the naive per-expert loop,
+on the same inputs (x, weights, routing) in one run.
+
+    python benchmarks/bench_moe_layer.py                       # every shape, balanced and skewed routing
+    python benchmarks/bench_moe_layer.py --shapes qwen3_30b_a3b --routing balanced --iters 50
+    python benchmarks/bench_moe_layer.py --quick               # tiny shapes, CPU smoke test
+
+bf16 activations and weights, fp32 routing weights. Times are medians of CUDA-event timings after
+warm-up, with a 256 MB L2 flush between timed calls. fwd is a forward with autograd recording (as in
+training); fwd+bwd is forward plus torch.autograd.grad for x, topk_w and both weights; bwd is their
+difference. TFLOP/s counts 3x the forward expert-GEMM FLOPs of the T*K real rows over fwd+bwd.
+Peak GiB is the memory one fwd+bwd allocates beyond the inputs and weights."""
+import argparse
+import math
+import os
+import sys
+from dataclasses import asdict, dataclass
+from typing import Callable, Dict, List, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+import mok  # noqa: E402
+from benchmarks import baselines, common  # noqa: E402
+
+# name -> (T tokens, H hidden, I expert intermediate, E experts, K top-k)
+SHAPES = {
+    "qwen3_30b_a3b": (16384, 2048, 768, 128, 8),
+    "mixtral_8x7b": (8192, 4096, 14336, 8, 2),
+    "dsv3_ep8_slice": (8192, 7168, 2048, 32, 8),
+    "olmoe": (16384, 2048, 1024, 64, 8),
+    "gpt_oss_20b_like": (8192, 2880, 2880, 32, 4),
+}
+QUICK_SHAPES = {
+    "tiny": (64, 64, 32, 4, 2),
+    "tiny_e8": (96, 64, 48, 8, 3),
+}
+ROUTINGS = ("balanced", "skewed")
+ZIPF_EXPONENT = 1.2
+IMPLS = ("eager", "mok", "compiled", "naive")  # eager first: it is the reference for errors and ratios
+NAIVE_MAX_S = 1.0  # --naive auto: time the naive loop only if one fwd+bwd takes less than this
+ERR_TOL = 2e-2
+
+
+@dataclass(frozen=True)
+class Config:
+    shape: str
+    T: int
+    H: int
+    I: int
+    E: int
+    K: int
+    routing: str
+
+
+@dataclass(frozen=True)
+class Result:
+    shape: str
+    routing: str
+    impl: str
+    fwd_ms: float
+    bwd_ms: float
+    fwd_bwd_ms: float
+    fwd_tflops: float
+    tflops: float  # fwd+bwd
+    peak_gib: float
+    speedup: float  # eager fwd+bwd ms / this fwd+bwd ms
+    err_y: float  # ||y - y_eager|| / ||y_eager||
+    err_grad: float  # max over x, topk_w, gate_up_proj, down_proj of the same for the gradient
+    note: str = ""
+
+
+def get_configs(shapes: List[str], routings: List[str], quick: bool) -> List[Config]:
+    table = QUICK_SHAPES if quick else SHAPES
+    if quick and shapes == list(SHAPES):
+        shapes = list(QUICK_SHAPES)
+    for s in shapes:
+        if s not in table:
+            raise SystemExit(f"unknown shape {s!r}; choose from {', '.join(table)}")
+    for r in routings:
+        if r not in ROUTINGS:
+            raise SystemExit(f"unknown routing {r!r}; choose from {', '.join(ROUTINGS)}")
+    return [Config(s, *table[s], r) for s in shapes for r in routings]
+
+
+def make_routing(cfg: Config, device, gen) -> torch.Tensor:
+    """topk_idx [T, K] int32, K distinct experts per token, sampled on the device in one shot:
+    Gumbel top-k = sampling K experts without replacement from p. balanced: p uniform; skewed:
+    p_e proportional to 1 / (e + 1)^1.2 (expert 0 the hottest)."""
+    T, E, K = cfg.T, cfg.E, cfg.K
+    u = torch.rand(T, E, device=device, generator=gen).clamp_(1e-20, 1.0)
+    if cfg.routing == "balanced":
+        scores = u  # top-k of i.i.d. uniforms: a uniform random K-subset
+    else:
+        logp = -ZIPF_EXPONENT * torch.log(torch.arange(1, E + 1, device=device, dtype=torch.float32))
+        scores = logp - torch.log(-torch.log(u))  # + Gumbel noise
+    return scores.topk(K, dim=-1).indices.to(torch.int32)
+
+
+def make_inputs(cfg: Config, device, seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    bf16 = dict(device=device, dtype=torch.bfloat16, generator=g)
+    T, H, I, E, K = cfg.T, cfg.H, cfg.I, cfg.E, cfg.K
+    x = torch.randn(T, H, **bf16).requires_grad_()
+    gate_up = torch.randn(E, 2 * I, H, **bf16).mul_(H ** -0.5).requires_grad_()
+    down = torch.randn(E, H, I, **bf16).mul_(I ** -0.5).requires_grad_()
+    idx = make_routing(cfg, device, g)
+    w = torch.softmax(torch.randn(T, K, device=device, generator=g), dim=-1).requires_grad_()  # fp32
+    dy = torch.randn(T, H, **bf16)
+    return (x, idx, w, gate_up, down), dy
+
+
+def expert_load(idx: torch.Tensor, E: int) -> str:
+    counts = torch.bincount(idx.reshape(-1).long(), minlength=E).float()
+    return f"tokens/expert min {counts.min().item():.0f} mean {counts.mean().item():.0f} max {counts.max().item():.0f}"
+
+
+def measure(cfg: Config, name: str, fn: Callable, inputs, dy, args, ref: Optional[Dict]) -> Dict:
+    """Times one implementation; returns the Result fields (no ratios yet) and its outputs."""
+    x, idx, w, gate_up, down = inputs
+    params = [x, w, gate_up, down]
+    dev = x.device
+
+    def fwd(_i=0):
+        return fn(x, idx, w, gate_up, down)
+
+    def fwd_bwd(_i=0):
+        return torch.autograd.grad(fwd(), params, dy)
+
+    flops = common.moe_fwd_flops(cfg.T, cfg.H, cfg.I, cfg.K)
+    row = dict(shape=cfg.shape, routing=cfg.routing, impl=name, fwd_ms=math.nan, bwd_ms=math.nan,
+               fwd_bwd_ms=math.nan, fwd_tflops=math.nan, tflops=math.nan, peak_gib=math.nan, speedup=math.nan,
+               err_y=math.nan, err_grad=math.nan, note="")
+    iters, warmup = args.iters, args.warmup
+    if name == "naive":
+        t = common.time_once_s(fwd_bwd, dev)  # also its warm-up
+        if args.naive == "auto" and t > NAIVE_MAX_S:
+            row["note"] = f"skipped: {t:.1f} s per fwd+bwd (--naive on to time it)"
+            return row
+        iters, warmup = min(iters, 3), 0
+
+    # correctness first (one call), then the timings
+    y = fwd()
+    grads = torch.autograd.grad(y, params, dy)
+    out = {"y": y.detach(), "grads": [g.detach() for g in grads]}
+    if ref is not None:
+        row["err_y"] = common.rel_err(out["y"], ref["y"])
+        row["err_grad"] = max(common.rel_err(a, b) for a, b in zip(out["grads"], ref["grads"]))
+    del y, grads
+    if name != "naive":
+        row["fwd_ms"] = common.bench(fwd, dev, iters=iters, warmup=warmup, flush_l2=args.flush_l2)["median_ms"]
+    row["fwd_bwd_ms"] = common.bench(fwd_bwd, dev, iters=iters, warmup=warmup, flush_l2=args.flush_l2)["median_ms"]
+    row["bwd_ms"] = row["fwd_bwd_ms"] - row["fwd_ms"]
+    row["fwd_tflops"] = common.tflops(flops, row["fwd_ms"])
+    row["tflops"] = common.tflops(3 * flops, row["fwd_bwd_ms"])
+    row["peak_gib"] = common.peak_memory_gib(fwd_bwd, dev)
+    row["_out"] = out
+    return row
+
+
+def run(cfg: Config, impls: Dict[str, Callable], args) -> List[Result]:
+    dev = common.pick_device(args.device)
+    inputs, dy = make_inputs(cfg, dev, seed=args.seed)
+    print(f"== {cfg.shape} {cfg.routing}: T={cfg.T} H={cfg.H} I={cfg.I} E={cfg.E} K={cfg.K}; "
+          f"{expert_load(inputs[1], cfg.E)}", flush=True)
+    rows, ref = [], None
+    for name, fn in impls.items():
+        try:
+            row = measure(cfg, name, fn, inputs, dy, args, ref)
+        except Exception as e:  # record and go on: one failing peer must not lose the others
+            row = dict(shape=cfg.shape, routing=cfg.routing, impl=name, note=f"error: {e!r}"[:160])
+            common.free_memory(dev)
+        out = row.pop("_out", None)
+        if name == "eager":
+            ref = out
+        rows.append(row)
+        fwd_ms, fb_ms, tf = (row.get(k, math.nan) for k in ("fwd_ms", "fwd_bwd_ms", "tflops"))
+        print(f"   {name:9s} fwd {fwd_ms:9.3f} ms  fwd+bwd {fb_ms:9.3f} ms  {tf:7.1f} TFLOP/s  {row.get('note', '')}",
+              flush=True)
+        del out
+    base = next((r.get("fwd_bwd_ms") for r in rows if r["impl"] == "eager"), None)
+    results = []
+    for r in rows:
+        full = {f: r.get(f, math.nan) for f in Result.__dataclass_fields__}
+        full["note"] = r.get("note", "")
+        if base and full["fwd_bwd_ms"] and not math.isnan(full["fwd_bwd_ms"]):
+            full["speedup"] = base / full["fwd_bwd_ms"]
+        results.append(Result(**full))
+    for r in results:
+        if r.impl != "eager" and not math.isnan(r.err_y):
+            ok = r.err_y < ERR_TOL and r.err_grad < ERR_TOL
+            print(f"   check {r.impl} vs eager: rel err y {r.err_y:.2e}, grads (max) {r.err_grad:.2e} "
+                  f"-> {'OK' if ok else 'MISMATCH'} (tol {ERR_TOL:g})", flush=True)
+    del inputs, dy
+    common.free_memory(dev)
+    return results
+
+
+COLUMNS = [
+    ("shape", "shape", ""), ("routing", "routing", ""), ("impl", "impl", ""),
+    ("fwd_ms", "fwd ms", ".3f"), ("bwd_ms", "bwd ms", ".3f"), ("fwd_bwd_ms", "fwd+bwd ms", ".3f"),
+    ("tflops", "TFLOP/s", ".1f"), ("peak_gib", "peak GiB", ".2f"), ("speedup", "vs eager", ".2f"),
+    ("err_y", "err y", ".1e"), ("err_grad", "err grad", ".1e"), ("note", "note", ""),
+]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list from {', '.join(SHAPES)}")
+    p.add_argument("--routing", default=",".join(ROUTINGS), help="comma list from balanced, skewed")
+    p.add_argument("--impls", default=",".join(IMPLS), help=f"comma list from {', '.join(IMPLS)}")
+    p.add_argument("--naive", choices=("auto", "on", "off"), default="auto",
+                   help=f"auto: time the naive loop only where one fwd+bwd takes < {NAIVE_MAX_S:g} s")
+    p.add_argument("--seed", type=int, default=0)
+    common.add_common_args(p, "bench_moe_layer")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.iters, args.warmup = min(args.iters, 3), min(args.warmup, 1)
+
+    dev = common.pick_device(args.device)
+    env = common.environment(dev)
+    common.print_environment(env)
+    configs = get_configs(args.shapes.split(","), args.routing.split(","), args.quick)
+
+    wanted = args.impls.split(",")
+    if args.naive == "off" and "naive" in wanted:
+        wanted.remove("naive")
+    if "eager" not in wanted:
+        wanted.insert(0, "eager")  # the reference for errors and ratios
+    table = {"eager": baselines.grouped_mm_experts, "mok": mok.functional.moe_experts, "naive": baselines.naive_experts}
+    if "compiled" in wanted:
+        table["compiled"] = baselines.compiled_grouped_mm_experts(dev.type, torch.bfloat16)
+    impls = {n: table[n] for n in IMPLS if n in wanted}
+    if not baselines.grouped_mm_available(dev.type, torch.bfloat16):
+        print("# NOTE: torch._grouped_mm does not run here: 'eager' and 'compiled' are the naive loop\n")
+
+    results = [r for cfg in configs for r in run(cfg, impls, args)]
+
+    rows = [asdict(r) for r in results]
+    print("\n" + common.format_table(rows, COLUMNS))
+    notes = [f"fwd+bwd FLOPs = 3 x (2*T*K*H*2I + 2*T*K*I*H); 'vs eager' = eager fwd+bwd ms / impl fwd+bwd ms; "
+             f"'err y' = ||y - y_eager|| / ||y_eager|| (tolerance {ERR_TOL:g}); peak GiB above inputs and weights; "
+             f"L2 flush between timed calls: {args.flush_l2}; iters {args.iters}, warm-up {args.warmup}."]
+    common.write_results(args.out, env, rows, COLUMNS, "MoE experts layer, fwd / bwd", notes)
+    bad = [r for r in results if r.impl != "eager" and not math.isnan(r.err_y)
+           and not (r.err_y < ERR_TOL and r.err_grad < ERR_TOL)]
+    if bad:
+        print(f"MISMATCH vs eager in {len(bad)} case(s): " + ", ".join(f"{r.shape}/{r.routing}/{r.impl}" for r in bad))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One device call: build mok on the GPU machine, run the GPU tests and the demo, keep logs in $OUT.
+# Usage (on the GPU machine, from the repo root): bash benchmarks/gpu_session.sh [pytest args...]
+set -uo pipefail
+OUT=${OUT:-/tmp/mok-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+{
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+    python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+} 2>&1 | tee "$OUT/env.txt"
+start=$SECONDS
+MAX_JOBS=16 python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || {
+    tail -60 "$OUT/build.log"
+    exit 1
+}
+echo "build: $((SECONDS - start)) s"
+python3 -c "import mok; print('cuda kernels:', mok.has_cuda_kernels())"
