@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import mok
 import mok.ep as ep
 from mok import functional
 
@@ -209,6 +210,58 @@ def test_gloo_processes_match_w1_bitwise(world, _fresh_seed):
     with tempfile.TemporaryDirectory() as d:
         mp.spawn(_gloo_worker, args=(world, os.path.join(d, "store"), _fresh_seed, TOKENS[world]), nprocs=world,
                  join=True)
+
+
+def _moe_layer_worker(rank, world, path, seed, tokens):
+    """mok.MoE(..., ep=group) on each rank against one mok.MoE holding every expert and token."""
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        torch.set_num_threads(1)
+        H, I, E, K = 16, 12, 8, 2
+        torch.manual_seed(seed)
+        full = mok.MoE(H, I, E, K, num_shared_experts=1)
+        x_all = torch.randn(sum(tokens), H, generator=torch.Generator().manual_seed(seed + 1))
+        dy_all = torch.randn_like(x_all)
+        x0 = x_all.clone().requires_grad_()
+        y0 = full(x0)
+        (y0 * dy_all).sum().backward()
+
+        group = ep.ExpertParallel(num_experts=E, max_tokens=max(tokens), top_k=K, hidden_size=H,
+                                  dtype=torch.float32, device="cpu")
+        layer = mok.MoE(H, I, E, K, num_shared_experts=1, ep=group)
+        El = group.local_experts
+        shard = slice(rank * El, (rank + 1) * El)
+        with torch.no_grad():
+            for name, p in layer.named_parameters():
+                src = dict(full.named_parameters())[name]
+                p.copy_(src[shard] if name.startswith("experts.") else src)
+        sl = slice(sum(tokens[:rank]), sum(tokens[: rank + 1]))
+        x = x_all[sl].clone().requires_grad_()
+        y = layer(x)
+        (y * dy_all[sl]).sum().backward()
+        # NOTE: close, not bitwise: the router and shared-expert matmuls are torch's, whose CPU
+        # blocking depends on the number of rows (the routed experts alone are bitwise: see above).
+        close = dict(rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(y.detach(), y0.detach()[sl], **close)
+        torch.testing.assert_close(x.grad, x0.grad[sl], **close)
+        # Expert gradients: each rank holds the full sum for its experts (tokens of every rank).
+        torch.testing.assert_close(layer.experts.gate_up_proj.grad, full.experts.gate_up_proj.grad[shard], **close)
+        torch.testing.assert_close(layer.experts.down_proj.grad, full.experts.down_proj.grad[shard], **close)
+        # Router and shared-expert gradients are per-rank partial sums (data parallel): they add up.
+        for name in ("router.weight", "shared_experts.up_proj.weight"):
+            g = dict(layer.named_parameters())[name].grad.clone()
+            dist.all_reduce(g)
+            torch.testing.assert_close(g, dict(full.named_parameters())[name].grad, rtol=1e-5, atol=1e-6)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_moe_layer_with_ep_matches_full_layer(_fresh_seed):
+    world = 2
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(_moe_layer_worker, args=(world, os.path.join(d, "store"), _fresh_seed % 10000, [9, 6]),
+                 nprocs=world, join=True)
 
 
 # ------------------------------------------------------------------------------------------------

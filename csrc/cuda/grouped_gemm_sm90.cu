@@ -52,10 +52,10 @@ bool is_hopper() {
     return major == 9;
 }
 
-template <bool kSwiGLU, bool kGather>
+template <bool kSwiGLU, bool kGather, bool kWgrad = false>
 int launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const mok_sm90::params& p, int num_sms,
            cudaStream_t stream) {
-    auto kernel = mok_sm90::grouped_gemm_bf16_nt_kernel<kSwiGLU, kGather>;
+    auto kernel = mok_sm90::grouped_gemm_bf16_nt_kernel<kSwiGLU, kGather, kWgrad>;
     const int smem = (int)sizeof(mok_sm90::smem_layout) + 1024;
     static bool configured = false;
     if (!configured) {
@@ -63,7 +63,8 @@ int launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const mok_sm90::p
             return mok_launch_status();
         configured = true;
     }
-    const int64_t tiles = mok_ceil_div(p.R, mok_sm90::BM) * p.num_n_tiles;
+    const int64_t tiles = kWgrad ? p.E * mok_ceil_div(p.M, mok_sm90::BM) * p.num_n_tiles
+                                 : mok_ceil_div(p.R, mok_sm90::BM) * p.num_n_tiles;
     const unsigned grid = mok_sched_grid(tiles, num_sms, 1);
     kernel<<<grid, mok_sm90::kThreads, smem, stream>>>(tma_a, tma_b, p);
     return mok_launch_status();
@@ -98,6 +99,8 @@ extern "C" int mok_grouped_gemm_sm90(const struct mok_grouped_gemm_args* a, cuda
     p.out = static_cast<__nv_bfloat16*>(a->out);
     p.swiglu_out = static_cast<__nv_bfloat16*>(a->swiglu_out);
     p.num_n_tiles = swiglu ? mok_ceil_div(a->N / 2, mok_sm90::BN / 2) : mok_ceil_div(a->N, mok_sm90::BN);
+    p.M = 0;
+    p.a_t = p.b_t = NULL;
     if (p.R == 0) return 0;
 
     /* ---- B [E, N, K] viewed as [E, halves, Nh, K]: SwiGLU reads the gate half and the up half of
@@ -125,4 +128,43 @@ extern "C" int mok_grouped_gemm_sm90(const struct mok_grouped_gemm_args* a, cuda
     }
     return gather ? launch<false, true>(tma_a, tma_b, p, num_sms, stream)
                   : launch<false, false>(tma_a, tma_b, p, num_sms, stream);
+}
+
+extern "C" int mok_grouped_gemm_wgrad_sm90_supported(int64_t R, int64_t E, int64_t M, int64_t N) {
+    const char* env = getenv("MOK_DISABLE_SM90");
+    if (env && env[0] && env[0] != '0') return 0;
+    if (R <= 0 || R % 8 || M % 8 || N % 8 || M <= 0 || N <= 0 || E < 1 || R > MOK_INT32_LIMIT) return 0;
+    return is_hopper() && encode_fn() != NULL;
+}
+
+extern "C" int mok_grouped_gemm_wgrad_sm90(const void* a_t, const void* b_t, const int32_t* offsets, int64_t R,
+                                           int64_t E, int64_t M, int64_t N, void* out, int num_sms,
+                                           cudaStream_t stream) {
+    mok_sm90::params p;
+    p.a = NULL;
+    p.a_gather = NULL;
+    p.a_gather_div = 1;
+    p.offsets = offsets;
+    p.E = (int32_t)E;
+    p.R = R;
+    p.N = N;
+    p.Kd = 0;
+    p.out = static_cast<__nv_bfloat16*>(out);
+    p.swiglu_out = NULL;
+    p.num_n_tiles = mok_ceil_div(N, mok_sm90::BN);
+    p.M = M;
+    p.a_t = static_cast<const __nv_bfloat16*>(a_t);
+    p.b_t = static_cast<const __nv_bfloat16*>(b_t);
+    /* ---- A' [M, R] and B' [N, R]: K (the rows) is the contiguous dimension of both ---- */
+    const cuuint64_t row_bytes = (cuuint64_t)R * 2;
+    const cuuint64_t a_dims[2] = {(cuuint64_t)R, (cuuint64_t)M};
+    const cuuint64_t a_strides[1] = {row_bytes};
+    const cuuint32_t a_box[2] = {mok_sm90::BK, mok_sm90::BM};
+    const cuuint64_t b_dims[4] = {(cuuint64_t)R, (cuuint64_t)N, 1, 1};
+    const cuuint64_t b_strides[3] = {row_bytes, (cuuint64_t)N * row_bytes, (cuuint64_t)N * row_bytes};
+    const cuuint32_t b_box[4] = {mok_sm90::BK, mok_sm90::BN / 2, 1, 1};
+    CUtensorMap tma_a, tma_b;
+    if (!encode(&tma_a, a_t, 2, a_dims, a_strides, a_box)) return MOK_ERR_ARG;
+    if (!encode(&tma_b, b_t, 4, b_dims, b_strides, b_box)) return MOK_ERR_ARG;
+    return launch<false, false, true>(tma_a, tma_b, p, num_sms > 0 ? num_sms : mok_num_sms(), stream);
 }

@@ -228,6 +228,23 @@ void grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, 
 void grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& b_gather,
                       int64_t b_gather_div, const at::Tensor& offsets, at::Tensor& out) {
     c10::cuda::CUDAGuard guard(a.device());
+    const int64_t R = a.size(0), E = out.size(0), M = out.size(1), N = out.size(2);
+    if (a.scalar_type() == at::kBFloat16 && mok_grouped_gemm_wgrad_sm90_supported(R, E, M, N)) {
+        // The sm_90a kernel contracts over rows with both operands K-major: transposed copies of
+        // a [R, M] and of the (gathered) b [R, N]. The copies cost two memory passes; the SIMT
+        // kernel they replace is 10-20x slower than the wgmma one.
+        at::Tensor a_t = a.t().contiguous();
+        at::Tensor rows = b;
+        if (b_gather.has_value()) {
+            rows = at::empty({R, N}, b.options());
+            gather_rows(b, *b_gather, c10::nullopt, b_gather_div, rows);
+        }
+        at::Tensor b_t = rows.t().contiguous();
+        check_status(mok_grouped_gemm_wgrad_sm90(a_t.data_ptr(), b_t.data_ptr(), offsets.data_ptr<int32_t>(), R, E, M,
+                                                 N, out.data_ptr(), num_sms(a), stream_of(a)),
+                     "mok.grouped_mm_wgrad");
+        return;
+    }
     mok_grouped_gemm_wgrad_args g{};
     g.a = a.data_ptr();
     g.b = b.data_ptr();

@@ -66,6 +66,11 @@ struct params {
     __nv_bfloat16* out;        /* [R, N] */
     __nv_bfloat16* swiglu_out; /* [R, N / 2], SwiGLU variant only */
     int64_t num_n_tiles;
+    /* Weight-gradient variant: out [E, M, N] = per expert A'[:, rows of e] B'[:, rows of e]^T with
+     * A' = a [M, R] and B' [N, R] (transposed copies, rows contiguous); K = the expert's rows. */
+    int64_t M;
+    const __nv_bfloat16* a_t; /* [M, R] (its TMA map is tma_a) */
+    const __nv_bfloat16* b_t; /* [N, R] (its TMA map is tma_b) */
 };
 
 __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* p, float x, float y) {
@@ -191,6 +196,41 @@ __device__ __forceinline__ void store_zero_row(const params& p, int64_t row, int
     }
 }
 
+/* The mainloop of one tile: wait for each K-block's stage, 4 wgmma k16 steps on it; the stage of
+ * the previous K-block is released once its wgmma group has retired (one group stays in flight). */
+template <bool kGather>
+__device__ __forceinline__ void consume_kblocks(smem_layout& s, float* acc, int64_t num_kb, uint32_t& stage,
+                                                uint32_t& phase, int wg, int lane) {
+    uint32_t prev_stage = 0;
+    for (int64_t kb = 0; kb < num_kb; ++kb) {
+        mbarrier_wait_parity(&s.full[stage], phase);
+        /* NOTE: gathered A was written by cp.async (generic proxy); wgmma reads through the async
+         * proxy, so order the two in this thread before the first wgmma. */
+        if (kGather) fence_proxy_async_shared();
+        const uint32_t a_addr = mok_smem_u32(&s.a[stage][wg * 64 * BK]);
+        const uint32_t b_addr = mok_smem_u32(&s.b[stage][0]);
+        wgmma_fence();
+#pragma unroll
+        for (int k16 = 0; k16 < BK / 16; ++k16) {
+            /* NOTE: a K step of 16 bf16 is 32 bytes inside the 128-byte swizzled row. */
+            const uint64_t da = wgmma_desc_kmajor_sw128(a_addr + k16 * 32);
+            const uint64_t db = wgmma_desc_kmajor_sw128(b_addr + k16 * 32);
+            wgmma_m64n256k16_f32_bf16(acc, da, db, (kb > 0 || k16 > 0) ? 1 : 0);
+        }
+        wgmma_commit_group();
+        wgmma_wait_group<1>();
+        /* ---- release the previous stage: one arrival per consumer warp ---- */
+        if (kb > 0 && lane == 0) mbarrier_arrive(&s.empty[prev_stage]);
+        prev_stage = stage;
+        if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1;
+        }
+    }
+    wgmma_wait_group<0>();
+    if (num_kb > 0 && lane == 0) mbarrier_arrive(&s.empty[prev_stage]);
+}
+
 template <bool kSwiGLU, bool kGather>
 __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used) {
     const int wg = (threadIdx.x / 128) - 1; /* consumer warpgroup 0 or 1: rows wg * 64 .. + 64 */
@@ -217,36 +257,7 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
         for (segment_walk w = segments_of(p, tile.m0, rows_used); w.e <= w.e_last; ++w.e) {
             const int64_t seg_lo = p.offsets[w.e], seg_hi = p.offsets[w.e + 1];
             if (seg_lo == seg_hi) continue;
-            /* ---- mainloop: wait for a stage, 4 wgmma k16 steps; the stage of the previous K-block
-             * is released once its wgmma group has retired (one group stays in flight) ---- */
-            uint32_t prev_stage = 0;
-            for (int64_t kb = 0; kb < num_kb; ++kb) {
-                mbarrier_wait_parity(&s.full[stage], phase);
-                /* NOTE: gathered A was written by cp.async (generic proxy); wgmma reads through the
-                 * async proxy, so order the two in this thread before the first wgmma. */
-                if (kGather) fence_proxy_async_shared();
-                const uint32_t a_addr = mok_smem_u32(&s.a[stage][wg * 64 * BK]);
-                const uint32_t b_addr = mok_smem_u32(&s.b[stage][0]);
-                wgmma_fence();
-#pragma unroll
-                for (int k16 = 0; k16 < BK / 16; ++k16) {
-                    /* NOTE: a K step of 16 bf16 is 32 bytes inside the 128-byte swizzled row. */
-                    const uint64_t da = wgmma_desc_kmajor_sw128(a_addr + k16 * 32);
-                    const uint64_t db = wgmma_desc_kmajor_sw128(b_addr + k16 * 32);
-                    wgmma_m64n256k16_f32_bf16(acc, da, db, (kb > 0 || k16 > 0) ? 1 : 0);
-                }
-                wgmma_commit_group();
-                wgmma_wait_group<1>();
-                /* ---- release the previous stage: one arrival per consumer warp ---- */
-                if (kb > 0 && lane == 0) mbarrier_arrive(&s.empty[prev_stage]);
-                prev_stage = stage;
-                if (++stage == kStages) {
-                    stage = 0;
-                    phase ^= 1;
-                }
-            }
-            wgmma_wait_group<0>();
-            if (num_kb > 0 && lane == 0) mbarrier_arrive(&s.empty[prev_stage]);
+            consume_kblocks<kGather>(s, acc, num_kb, stage, phase, wg, lane);
             /* ---- epilogue: rows of this segment only ---- */
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -281,10 +292,103 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
     }
 }
 
-template <bool kSwiGLU, bool kGather>
+/* ------------------------------------------------------------------------------------------------
+ * weight-gradient variant: one group per expert, K = the expert's rows [offsets[e], offsets[e+1])
+ * ---------------------------------------------------------------------------------------------- */
+
+/* K-blocks of expert e on the wgmma path, or -1 when its rows are not 64-aligned (such a tile runs
+ * on the consumers' FMA fallback: mok's CUDA plans are 128-aligned, user offsets may not be). */
+__device__ __forceinline__ int64_t wgrad_kblocks(const params& p, int64_t e) {
+    const int64_t lo = p.offsets[e], hi = p.offsets[e + 1];
+    if (lo % BK || hi % BK || hi < lo || hi > p.R) return -1;
+    return (hi - lo) / BK;
+}
+
+__device__ __forceinline__ void produce_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_a,
+                                              const CUtensorMap* tma_b) {
+    if (threadIdx.x != 0) return; /* TMA only: one thread issues everything */
+    uint32_t stage = 0, phase = 0;
+    mok_tile_sched sched;
+    mok_sched_init(&sched, p.E, (p.M + BM - 1) / BM, p.num_n_tiles, BM, INT64_MAX);
+    mok_tile tile;
+    while (mok_sched_next_tile(&sched, &tile)) {
+        const int64_t num_kb = wgrad_kblocks(p, tile.group);
+        const int32_t lo = p.offsets[tile.group];
+        const int32_t n0 = (int32_t)(tile.n_tile * BN);
+        for (int64_t kb = 0; kb < num_kb; ++kb) {
+            mbarrier_wait_parity(&s.empty[stage], phase ^ 1);
+            const int32_t k0 = lo + (int32_t)(kb * BK);
+            mbarrier_arrive_expect_tx(&s.full[stage], B_STAGE_BYTES + A_STAGE_BYTES);
+            tma_load_4d(&s.b[stage][0], tma_b, &s.full[stage], k0, n0, 0, 0);
+            tma_load_4d(&s.b[stage][(BN / 2) * BK], tma_b, &s.full[stage], k0, n0 + BN / 2, 0, 0);
+            tma_load_2d(&s.a[stage][0], tma_a, &s.full[stage], k0, (int32_t)tile.m0);
+            if (++stage == kStages) {
+                stage = 0;
+                phase ^= 1;
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p) {
+    const int wg = (threadIdx.x / 128) - 1;
+    const int t = threadIdx.x & 127;
+    const int warp = t >> 5, lane = t & 31;
+    const int lane4 = lane & 3;
+    const int r_lo = wg * 64 + warp * 16 + (lane >> 2);
+    uint32_t stage = 0, phase = 0;
+    float acc[BN / 2];
+
+    mok_tile_sched sched;
+    mok_sched_init(&sched, p.E, (p.M + BM - 1) / BM, p.num_n_tiles, BM, INT64_MAX);
+    mok_tile tile;
+    while (mok_sched_next_tile(&sched, &tile)) {
+        const int64_t num_kb = wgrad_kblocks(p, tile.group);
+        if (num_kb > 0) {
+            consume_kblocks<false>(s, acc, num_kb, stage, phase, wg, lane);
+        } else {
+            /* ---- no rows (zeros), or unaligned rows: one FMA chain per output, in row order ---- */
+            int64_t lo = p.offsets[tile.group], hi = num_kb == 0 ? lo : p.offsets[tile.group + 1];
+            lo = lo < 0 ? 0 : lo;
+            hi = hi > p.R ? p.R : hi;
+#pragma unroll
+            for (int i = 0; i < BN / 8; ++i) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        const int64_t m = tile.m0 + r_lo + 8 * h;
+                        const int64_t n = tile.n_tile * BN + i * 8 + lane4 * 2 + c;
+                        float v = 0.f;
+                        if (m < p.M && n < p.N) {
+                            for (int64_t r = lo; r < hi; ++r)
+                                v = fmaf(__bfloat162float(p.a_t[m * p.R + r]), __bfloat162float(p.b_t[n * p.R + r]), v);
+                        }
+                        acc[i * 4 + 2 * h + c] = v;
+                    }
+                }
+            }
+        }
+        /* ---- epilogue: out[e, m, n] ---- */
+        __nv_bfloat16* out = p.out + tile.group * p.M * p.N;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int64_t m = tile.m0 + r_lo + 8 * h;
+            if (m >= p.M) continue;
+#pragma unroll
+            for (int i = 0; i < BN / 8; ++i) {
+                const int64_t c = tile.n_tile * BN + i * 8 + lane4 * 2;
+                if (c < p.N) store_bf16x2(out + m * p.N + c, acc[i * 4 + 2 * h], acc[i * 4 + 2 * h + 1]);
+            }
+        }
+    }
+}
+
+template <bool kSwiGLU, bool kGather, bool kWgrad>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_bf16_nt_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                                 const params p) {
+    static_assert(!kWgrad || (!kSwiGLU && !kGather), "the weight-gradient variant reads both operands by TMA");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     /* NOTE: the 128B swizzle pattern is a function of address bits [9:4]: align the ring to 1024. */
     smem_layout& s = *reinterpret_cast<smem_layout*>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -302,13 +406,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
 
-    const int64_t rows_used = mok_rows_in_use(p.offsets, p.E, p.R);
     if (threadIdx.x < 128) {
         setmaxnreg_dec<kProducerRegs>();
-        produce<kSwiGLU, kGather>(s, p, &tma_a, &tma_b, rows_used);
+        if (kWgrad) {
+            produce_wgrad(s, p, &tma_a, &tma_b);
+        } else {
+            produce<kSwiGLU, kGather>(s, p, &tma_a, &tma_b, mok_rows_in_use(p.offsets, p.E, p.R));
+        }
     } else {
         setmaxnreg_inc<kConsumerRegs>();
-        consume<kSwiGLU, kGather>(s, p, rows_used);
+        if (kWgrad) {
+            consume_wgrad(s, p);
+        } else {
+            consume<kSwiGLU, kGather>(s, p, mok_rows_in_use(p.offsets, p.E, p.R));
+        }
     }
 }
 
