@@ -315,7 +315,7 @@ class _ExpertParallelBase:
             if rec[3] or rec[4]:
                 self._raise_layout(int(rec[3]), int(rec[4]))
         elif self._dev_err is not None and synchronize:
-            bad, over, _dropped = self._dev_err.tolist()
+            bad, over, _dropped = self._dev_err.tolist()  # ok: host (error check, after a sync)
             self._dev_err.zero_()
             self._raise_layout(bad, over)
 
@@ -402,7 +402,7 @@ class ExpertParallel(_ExpertParallelBase):
         dev = self.device if "nccl" in str(dist.get_backend(self.group)) else torch.device("cpu")
         flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=dev)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
-        return bool(flag.item())
+        return bool(flag.item())  # ok: host (set-up, once per group)
 
     def _setup_symm_mem(self, blocks):
         import torch.distributed._symmetric_memory as symm_mem

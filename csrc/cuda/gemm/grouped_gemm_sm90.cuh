@@ -15,6 +15,10 @@
  * Tiles straddling experts (plans whose row tile is not a multiple of 128) are run once per
  * expert segment, each pass storing only the segment's rows; mok's own CUDA plans are 128-aligned,
  * so that is one pass per tile. Rows outside [offsets[0], offsets[E]) are written as 0.
+ *
+ * The weight-gradient variant (kWgrad) reuses the pipeline with one tile group per expert and the
+ * expert's rows as the contraction: out[e] = A'[:, rows of e] B'[:, rows of e]^T over transposed
+ * copies A' [M, R], B' [N, R], both read by TMA.
  */
 #ifndef MOK_CUDA_GEMM_GROUPED_GEMM_SM90_CUH
 #define MOK_CUDA_GEMM_GROUPED_GEMM_SM90_CUH
