@@ -105,6 +105,27 @@ def _grouped_mm_wgrad_fake(a, b, b_gather, b_gather_div, offsets):
     return a.new_empty((offsets.shape[0] - 1, a.shape[1], b.shape[1]))
 
 
+FP8_BLOCK = {"blockwise_1x128": 128, "blockwise_128x128": 128, "mxfp8": 32}
+
+
+def fp8_scale_shape(recipe, M, N):
+    B = FP8_BLOCK[recipe]
+    rows = (M + B - 1) // B if recipe == "blockwise_128x128" else M
+    return rows, (N + B - 1) // B
+
+
+@torch.library.register_fake("mok::quantize_fp8")
+def _quantize_fp8_fake(x, recipe):
+    M, N = x.shape
+    scale_dtype = torch.uint8 if recipe == "mxfp8" else torch.float32
+    return x.new_empty((M, N), dtype=torch.float8_e4m3fn), x.new_empty(fp8_scale_shape(recipe, M, N), dtype=scale_dtype)
+
+
+@torch.library.register_fake("mok::dequantize_fp8")
+def _dequantize_fp8_fake(q, scales, recipe):
+    return q.new_empty(q.shape, dtype=torch.float32)
+
+
 # ------------------------------------------------------------------------------------------------
 # autograd
 # ------------------------------------------------------------------------------------------------
@@ -233,5 +254,7 @@ ALL_OPS = (
     "grouped_mm",
     "grouped_mm_swiglu",
     "grouped_mm_wgrad",
+    "quantize_fp8",
+    "dequantize_fp8",
     "device_errors",
 )

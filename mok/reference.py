@@ -192,3 +192,76 @@ def moe_layer(x, router_weight, gate_up_proj, down_proj, top_k, *, bias=None, sc
         g, u, d = shared
         y = y + (F.silu(x2 @ g.t()) * (x2 @ u.t())) @ d.t()
     return y.reshape(shape)
+
+
+# ------------------------------------------------------------------------------------------------
+# FP8 quantisation (the C core's rules, csrc/core/mok_core.h, written with torch's float8 dtypes)
+# ------------------------------------------------------------------------------------------------
+
+FP8_E4M3_MAX = 448.0
+
+
+def _e4m3_codes(v):
+    """E4M3 codes (uint8) of float32 v: round-to-nearest-even with saturation to +-448."""
+    return v.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+def _blocks(x, rows, cols):
+    """x [M, N] float32, zero-padded to multiples of (rows, cols), as [M/rows, rows, N/cols, cols]."""
+    M, N = x.shape
+    Mp, Np = -(-M // rows) * rows, -(-N // cols) * cols
+    xp = torch.zeros(Mp, Np, dtype=torch.float32)
+    xp[:M, :N] = x
+    return xp.view(Mp // rows, rows, Np // cols, cols)
+
+
+def _nonfinite_blocks(xb):
+    return (~torch.isfinite(xb)).any(dim=3).any(dim=1)
+
+
+def quantize_fp8(x, recipe):
+    """(q [M, N] float8_e4m3fn, scales) by the recipe's rule; see mok.fp8.quantize."""
+    x = x.detach().float().cpu()
+    M, N = x.shape
+    if recipe in ("blockwise_1x128", "blockwise_128x128"):
+        rows = 128 if recipe == "blockwise_128x128" else 1
+        xb = _blocks(x, rows, 128)
+        amax = xb.abs().amax(dim=3).amax(dim=1)
+        scale = amax / FP8_E4M3_MAX
+        scale = torch.where(amax == 0, torch.ones_like(scale), scale)
+        bad = _nonfinite_blocks(xb)
+        scale = torch.where(bad, torch.full_like(scale, float("nan")), scale)
+        q = _e4m3_codes(xb / scale[:, None, :, None])
+        q = torch.where(bad[:, None, :, None], torch.full_like(q, 0x7F), q)
+        scales = scale if recipe == "blockwise_128x128" else scale.view(M, scale.shape[-1])
+    elif recipe == "mxfp8":
+        xb = _blocks(x, 1, 32)
+        amax = xb.abs().amax(dim=3).amax(dim=1)
+        ratio = amax / FP8_E4M3_MAX
+        mant, expo = torch.frexp(ratio)  # ratio = mant * 2^expo, mant in [0.5, 1)
+        e = (expo - 1) + (mant != 0.5).to(expo.dtype)  # ceil(log2(ratio)), exact
+        e = e.clamp(-127, 127)
+        e = torch.where(amax == 0, torch.full_like(e, -127), e)
+        bad = _nonfinite_blocks(xb)
+        q = _e4m3_codes(torch.ldexp(xb, (-e)[:, None, :, None].to(torch.float32)))
+        q = torch.where(bad[:, None, :, None], torch.full_like(q, 0x7F), q)
+        code = (e + 127).to(torch.uint8)
+        scales = torch.where(bad, torch.full_like(code, 0xFF), code).view(M, code.shape[-1])
+    else:
+        raise ValueError(f"recipe must be blockwise_1x128, blockwise_128x128 or mxfp8, got {recipe!r}")
+    Mp, Np = q.shape[0] * q.shape[1], q.shape[2] * q.shape[3]
+    q = q.reshape(Mp, Np)[:M, :N].contiguous().view(torch.float8_e4m3fn)
+    return q, scales
+
+
+def dequantize_fp8(q, scales, recipe):
+    """float32 [M, N] = e4m3(q) * scale of its block."""
+    M, N = q.shape
+    v = q.float()
+    if recipe == "mxfp8":
+        s = torch.where(scales == 0xFF, torch.tensor(float("nan")), torch.ldexp(torch.ones(()), scales.float() - 127))
+        return v * s.repeat_interleave(32, dim=1)[:, :N]
+    s = scales.repeat_interleave(128, dim=1)[:, :N]
+    if recipe == "blockwise_128x128":
+        s = s.repeat_interleave(128, dim=0)[:M]
+    return v * s

@@ -1,0 +1,105 @@
+// FP8 quantisation ops (CPU, on the C core): the numerics of mok's FP8 recipes, bit-exact, for
+// tests and CPU training. Recipes: "blockwise_1x128" (activations), "blockwise_128x128" (weights),
+// both E4M3 with fp32 scales (DeepSeek-V3), and "mxfp8" (E4M3, 1x32 blocks, E8M0 scales, RCEIL).
+// Each quantises along the last dimension (the GEMM's K); a column-wise copy is the quantisation of
+// the transposed tensor. The CUDA quantisers come with the FP8 GEMMs.
+#include <torch/library.h>
+
+#include <string>
+
+#include "checks.h"
+
+namespace mok {
+namespace {
+
+enum class Recipe { kBlock1x128, kBlock128x128, kMx };
+
+Recipe parse_recipe(const std::string& r, const char* op) {
+    if (r == "blockwise_1x128") return Recipe::kBlock1x128;
+    if (r == "blockwise_128x128") return Recipe::kBlock128x128;
+    if (r == "mxfp8") return Recipe::kMx;
+    TORCH_CHECK_VALUE(false, op, ": recipe must be 'blockwise_1x128', 'blockwise_128x128' or 'mxfp8', got '", r, "'");
+}
+
+int64_t block_of(Recipe r) { return r == Recipe::kMx ? 32 : 128; }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+std::vector<int64_t> scale_shape(Recipe r, int64_t M, int64_t N) {
+    const int64_t B = block_of(r);
+    if (r == Recipe::kBlock128x128) return {ceil_div(M, B), ceil_div(N, B)};
+    return {M, ceil_div(N, B)};
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_fp8(const at::Tensor& x, c10::string_view recipe_name) {
+    const char* op = "mok.quantize_fp8";
+    const Recipe r = parse_recipe(std::string(recipe_name), op);
+    check_dim(x, 2, op, "x", "[M, N]");
+    check_contiguous(x, op, "x");
+    const mok_dtype dt = to_mok_dtype(x, op, "x");
+    const int64_t M = x.size(0), N = x.size(1), B = block_of(r);
+    auto q = at::empty({M, N}, x.options().dtype(at::kFloat8_e4m3fn));
+    auto scales = at::empty(scale_shape(r, M, N), x.options().dtype(r == Recipe::kMx ? at::kByte : at::kFloat));
+    if (x.numel() == 0) return {q, scales};
+    auto* qp = static_cast<uint8_t*>(q.data_ptr());
+    int st = MOK_OK;
+    switch (r) {
+        case Recipe::kBlock1x128:
+            st = mok_quantize_blockwise_1xb(x.data_ptr(), dt, M, N, B, qp, scales.data_ptr<float>());
+            break;
+        case Recipe::kBlock128x128:
+            st = mok_quantize_blockwise_bxb(x.data_ptr(), dt, M, N, B, qp, scales.data_ptr<float>());
+            break;
+        case Recipe::kMx:
+            st = mok_quantize_mx_1xb(x.data_ptr(), dt, M, N, B, qp, scales.data_ptr<uint8_t>());
+            break;
+    }
+    check_status(st, op);
+    return {q, scales};
+}
+
+at::Tensor dequantize_fp8(const at::Tensor& q, const at::Tensor& scales, c10::string_view recipe_name) {
+    const char* op = "mok.dequantize_fp8";
+    const Recipe r = parse_recipe(std::string(recipe_name), op);
+    check_dim(q, 2, op, "q", "[M, N]");
+    check_dtype(q, at::kFloat8_e4m3fn, op, "q");
+    check_contiguous(q, op, "q");
+    check_contiguous(scales, op, "scales");
+    check_dtype(scales, r == Recipe::kMx ? at::kByte : at::kFloat, op, "scales");
+    const int64_t M = q.size(0), N = q.size(1), B = block_of(r);
+    const auto want = scale_shape(r, M, N);
+    TORCH_CHECK_VALUE(scales.sizes() == at::IntArrayRef(want), op, ": scales must have shape ", at::IntArrayRef(want),
+                      " for q of shape ", shape_str(q), " and recipe '", std::string(recipe_name), "', got ",
+                      shape_str(scales));
+    auto y = at::empty({M, N}, q.options().dtype(at::kFloat));
+    if (q.numel() == 0) return y;
+    const auto* qp = static_cast<const uint8_t*>(q.data_ptr());
+    int st = MOK_OK;
+    switch (r) {
+        case Recipe::kBlock1x128:
+            st = mok_dequantize_blockwise_1xb(qp, scales.data_ptr<float>(), M, N, B, y.data_ptr<float>());
+            break;
+        case Recipe::kBlock128x128:
+            st = mok_dequantize_blockwise_bxb(qp, scales.data_ptr<float>(), M, N, B, y.data_ptr<float>());
+            break;
+        case Recipe::kMx:
+            st = mok_dequantize_mx_1xb(qp, scales.data_ptr<uint8_t>(), M, N, B, y.data_ptr<float>());
+            break;
+    }
+    check_status(st, op);
+    return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(mok, m) {
+    m.def("quantize_fp8(Tensor x, str recipe) -> (Tensor q, Tensor scales)");
+    m.def("dequantize_fp8(Tensor q, Tensor scales, str recipe) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(mok, CPU, m) {
+    m.impl("quantize_fp8", &quantize_fp8);
+    m.impl("dequantize_fp8", &dequantize_fp8);
+}
+
+}  // namespace mok

@@ -1,0 +1,33 @@
+"""FP8 numerics of mok's recipes (CPU ops on the C core; the CUDA quantisers come with the FP8
+GEMMs):
+
+- "blockwise_1x128": E4M3 values, one fp32 scale per 1x128 block along the last dim (activations);
+- "blockwise_128x128": E4M3 values, one fp32 scale per 128x128 tile (weights);
+- "mxfp8": E4M3 values, one E8M0 scale per 1x32 block, chosen by the RCEIL rule (the smallest power
+  of two 2^e with amax / 2^e <= 448).
+
+Conversions round to nearest even and saturate to +-448. An all-zero block gets scale 1 (blockwise)
+or 2^-127 (mxfp8); a block holding NaN or Inf gets a NaN scale and NaN codes (0x7F). Each tensor is
+quantised along its last dimension, the GEMM's K: a column-wise copy is quantize(x.t().contiguous()).
+"""
+import torch
+
+from ._ops import ops
+
+RECIPES = ("blockwise_1x128", "blockwise_128x128", "mxfp8")
+
+
+def quantize(x, recipe):
+    """x [M, N] (bf16, fp16, fp32, fp64) -> (q [M, N] float8_e4m3fn, scales): fp32 [M, ceil(N/128)]
+    (blockwise_1x128), fp32 [ceil(M/128), ceil(N/128)] (blockwise_128x128) or uint8 E8M0 codes
+    [M, ceil(N/32)] (mxfp8)."""
+    if recipe not in RECIPES:
+        raise ValueError(f"mok: recipe must be one of {RECIPES}, got {recipe!r}")
+    return ops.quantize_fp8(x.contiguous(), recipe)
+
+
+def dequantize(q, scales, recipe):
+    """float32 [M, N] = e4m3(q) * (the scale of its block)."""
+    if recipe not in RECIPES:
+        raise ValueError(f"mok: recipe must be one of {RECIPES}, got {recipe!r}")
+    return ops.dequantize_fp8(q, scales, recipe)
