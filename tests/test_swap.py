@@ -176,3 +176,18 @@ def test_swap_torchtitan_style(device):
     assert rel_err(y, ref) < 1e-5
     for g, r in zip([p.grad for p in moe.experts.parameters()] + [x.grad], ref_grads):
         assert rel_err(g, r) < 1e-5
+
+
+def test_swapped_model_compiles_fullgraph():
+    torch._dynamo.reset()
+    model = build("qwen3_moe", "cpu", torch.float32)
+    tokens = torch.randint(0, 97, (2, 9))
+    ref_logits, ref_grads = logits_and_grads(model, tokens)
+    mok.swap_moe(model)
+    compiled = torch.compile(model, fullgraph=True)
+    model.zero_grad(set_to_none=True)
+    out = compiled(tokens).logits
+    out.float().square().mean().backward()
+    assert rel_err(out, ref_logits) < 1e-5
+    for n, p in model.named_parameters():
+        assert rel_err(p.grad, ref_grads[n]) < 5e-5, n
