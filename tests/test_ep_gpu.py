@@ -18,8 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import mok.ep as ep
-from mok import functional
-from test_ep import TOKENS, assert_same, make_problem, stack_ranks, unstack
+from test_ep import TOKENS, assert_same, make_problem, reference, stack_ranks, unstack
 
 pytestmark = pytest.mark.gpu
 
@@ -34,14 +33,6 @@ def to_device(p, dtype, device="cuda"):
     q["w"] = p["w"].to(device=device, dtype=torch.float32)
     q["idx"] = p["idx"].to(device)
     return q
-
-
-def reference_on(p):
-    x, w = p["x"].clone().requires_grad_(), p["w"].clone().requires_grad_()
-    gu, dn = p["gu"].clone().requires_grad_(), p["dn"].clone().requires_grad_()
-    y = functional.moe_experts(x, p["idx"], w, gu, dn)
-    (y * p["dy"]).sum().backward()
-    return y.detach(), x.grad, w.grad, gu.grad, dn.grad
 
 
 def stacked_on(p, world):
@@ -68,7 +59,7 @@ def run_virtual(p, world, backend="kernel", **kw):
 @pytest.mark.parametrize("dtype,H", [(torch.bfloat16, 64), (torch.bfloat16, 36), (torch.float32, 20)])
 def test_virtual_kernels_match_w1_bitwise(world, dtype, H, _fresh_seed):
     p = to_device(make_problem(_fresh_seed, world, TOKENS[world], H=H, E=16), dtype)
-    y0, dx0, dw0, dgu0, ddn0 = reference_on(p)
+    y0, dx0, dw0, dgu0, ddn0 = reference(p)
     g, y, dx, dw, dgu, ddn = run_virtual(p, world)
     assert g.backend == "kernel"
     tok = p["tokens"]
@@ -174,7 +165,7 @@ def test_cuda_graph_capture_of_ep_step(_fresh_seed):
         torch.cuda.synchronize()
         g.check_errors()
         q["gu"], q["dn"] = p["gu"], p["dn"]
-        y0, dx0, dw0, dgu0, ddn0 = reference_on(q)
+        y0, dx0, dw0, dgu0, ddn0 = reference(q)
         tok = q["tokens"]
         assert_same(unstack(y_static, tok), y0, f"replay {trial}: y")
         assert_same(unstack(sx.grad, tok), dx0, f"replay {trial}: d x")
@@ -194,7 +185,7 @@ def _symm_worker(rank, world, path, seed, tokens):
                             timeout=datetime.timedelta(seconds=120))
     try:
         p = to_device(make_problem(seed, world, tokens, H=64, E=16), torch.bfloat16)
-        y0, dx0, dw0, dgu0, ddn0 = reference_on(p)
+        y0, dx0, dw0, dgu0, ddn0 = reference(p)
         start = sum(tokens[:rank])
         sl = slice(start, start + tokens[rank])
         g = ep.ExpertParallel(num_experts=p["E"], max_tokens=max(tokens), top_k=p["K"], hidden_size=p["H"],
