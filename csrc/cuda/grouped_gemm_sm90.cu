@@ -1,6 +1,7 @@
 /*
  * Launcher of the sm_90a BF16 grouped GEMM (gemm/grouped_gemm_sm90.cuh): tensor maps, grid,
- * shared-memory opt-in. Kernel variants: {plain, SwiGLU epilogue} x {TMA A, gathered A}.
+ * shared-memory opt-in. Kernel variants: {plain, SwiGLU epilogue} x {TMA A, gathered A} x {B K-major
+ * ("NT"), B N-major ("NN", plain only)}, and the weight gradient.
  */
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -34,7 +35,7 @@ encode_tiled_fn encode_fn() {
     return fn;
 }
 
-/* A K-major bf16 tensor of `rank` dims (dims[0] = K, contiguous) with 128B swizzle boxes. */
+/* A bf16 tensor of `rank` dims (dims[0] contiguous) with 128B swizzle boxes (box[0] = 64). */
 bool encode(CUtensorMap* map, const void* base, int rank, const cuuint64_t* dims, const cuuint64_t* strides_bytes,
             const cuuint32_t* box) {
     encode_tiled_fn fn = encode_fn();
@@ -52,10 +53,29 @@ bool is_hopper() {
     return major == 9;
 }
 
-template <bool kSwiGLU, bool kGather, bool kWgrad = false>
-int launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const mok_sm90::params& p, int num_sms,
-           cudaStream_t stream) {
-    auto kernel = mok_sm90::grouped_gemm_bf16_nt_kernel<kSwiGLU, kGather, kWgrad>;
+/* An N-major (MN-major) operand [outer, K, N] (N contiguous) read as [64 N][64 K] chunks. */
+bool encode_mn_major(CUtensorMap* map, const void* base, int64_t N, int64_t K, int64_t outer) {
+    const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)K, (cuuint64_t)outer};
+    const cuuint64_t strides[2] = {(cuuint64_t)N * 2, (cuuint64_t)(N * K) * 2};
+    const cuuint32_t box[3] = {mok_sm90::MN_CHUNK, mok_sm90::BK, 1};
+    return encode(map, base, 3, dims, strides, box);
+}
+
+/* The epilogue's store boxes: [64 rows][64 columns] of a [outer, rows, cols] tensor with row
+ * stride `row_elems` (cols <= row_elems: a column slice of wider rows) and outer stride
+ * `outer_elems`. */
+bool encode_store(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t outer, int64_t row_elems,
+                  int64_t outer_elems) {
+    const cuuint64_t dims[3] = {(cuuint64_t)cols, (cuuint64_t)rows, (cuuint64_t)outer};
+    const cuuint64_t strides[2] = {(cuuint64_t)row_elems * 2, (cuuint64_t)outer_elems * 2};
+    const cuuint32_t box[3] = {mok_sm90::MN_CHUNK, 64, 1};
+    return encode(map, base, 3, dims, strides, box);
+}
+
+template <bool kSwiGLU, bool kGather, bool kBMN, bool kWgrad = false>
+int launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_out, const CUtensorMap& tma_act,
+           const mok_sm90::params& p, int num_sms, cudaStream_t stream) {
+    auto kernel = mok_sm90::grouped_gemm_bf16_nt_kernel<kSwiGLU, kGather, kBMN, kWgrad>;
     const int smem = (int)sizeof(mok_sm90::smem_layout) + 1024;
     static bool configured = false;
     if (!configured) {
@@ -66,7 +86,7 @@ int launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const mok_sm90::p
     const int64_t tiles = kWgrad ? p.E * mok_ceil_div(p.M, mok_sm90::BM) * p.num_n_tiles
                                  : mok_ceil_div(p.R, mok_sm90::BM) * p.num_n_tiles;
     const unsigned grid = mok_sched_grid(tiles, num_sms, 1);
-    kernel<<<grid, mok_sm90::kThreads, smem, stream>>>(tma_a, tma_b, p);
+    kernel<<<grid, mok_sm90::kThreads, smem, stream>>>(tma_a, tma_b, tma_out, tma_act, p);
     return mok_launch_status();
 }
 
@@ -75,7 +95,8 @@ int launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const mok_sm90::p
 extern "C" int mok_grouped_gemm_sm90_supported(const struct mok_grouped_gemm_args* a) {
     /* NOTE: read on every call (cheap), so tests and benchmarks can compare both kernels. */
     const char* env = getenv("MOK_DISABLE_SM90");
-    if ((env && env[0] && env[0] != '0') || a->dtype != MOK_BF16 || !a->trans_b) return 0;
+    if ((env && env[0] && env[0] != '0') || a->dtype != MOK_BF16) return 0;
+    if (!a->trans_b && a->swiglu_out) return 0; /* SwiGLU reads gate and up rows of a K-major weight */
     if (a->Kd <= 0 || a->Kd % 8 || a->N % 8 || a->E < 1 || a->E > MOK_INT32_LIMIT) return 0;
     if (a->swiglu_out && (a->N / 2) % 8) return 0;
     if (a->a_gather && (a->a_gather_div < 1 || a->a_gather_div > MOK_INT32_LIMIT)) return 0;
@@ -100,19 +121,24 @@ extern "C" int mok_grouped_gemm_sm90(const struct mok_grouped_gemm_args* a, cuda
     p.swiglu_out = static_cast<__nv_bfloat16*>(a->swiglu_out);
     p.num_n_tiles = swiglu ? mok_ceil_div(a->N / 2, mok_sm90::BN / 2) : mok_ceil_div(a->N, mok_sm90::BN);
     p.M = 0;
-    p.a_t = p.b_t = NULL;
+    p.wa = p.wb = NULL;
     if (p.R == 0) return 0;
 
-    /* ---- B [E, N, K] viewed as [E, halves, Nh, K]: SwiGLU reads the gate half and the up half of
-     * the same rows as two boxes; the plain GEMM has one half ---- */
-    const cuuint64_t Nh = (cuuint64_t)(swiglu ? a->N / 2 : a->N);
-    const cuuint64_t halves = swiglu ? 2 : 1;
     const cuuint64_t row_bytes = (cuuint64_t)a->Kd * 2;
-    const cuuint64_t b_dims[4] = {(cuuint64_t)a->Kd, Nh, halves, (cuuint64_t)a->E};
-    const cuuint64_t b_strides[3] = {row_bytes, Nh * row_bytes, (cuuint64_t)a->N * row_bytes};
-    const cuuint32_t b_box[4] = {mok_sm90::BK, mok_sm90::BN / 2, 1, 1};
     CUtensorMap tma_b, tma_a;
-    if (!encode(&tma_b, a->b, 4, b_dims, b_strides, b_box)) return MOK_ERR_ARG;
+    if (a->trans_b) {
+        /* ---- B [E, N, K] viewed as [E, halves, Nh, K]: SwiGLU reads the gate half and the up half
+         * of the same rows as two boxes; the plain GEMM has one half ---- */
+        const cuuint64_t Nh = (cuuint64_t)(swiglu ? a->N / 2 : a->N);
+        const cuuint64_t halves = swiglu ? 2 : 1;
+        const cuuint64_t b_dims[4] = {(cuuint64_t)a->Kd, Nh, halves, (cuuint64_t)a->E};
+        const cuuint64_t b_strides[3] = {row_bytes, Nh * row_bytes, (cuuint64_t)a->N * row_bytes};
+        const cuuint32_t b_box[4] = {mok_sm90::BK, mok_sm90::BN / 2, 1, 1};
+        if (!encode(&tma_b, a->b, 4, b_dims, b_strides, b_box)) return MOK_ERR_ARG;
+    } else {
+        /* ---- B [E, K, N], N contiguous: MN-major chunks ---- */
+        if (!encode_mn_major(&tma_b, a->b, a->N, a->Kd, a->E)) return MOK_ERR_ARG;
+    }
     if (gather) {
         tma_a = tma_b; /* unused by the gathering kernel */
     } else {
@@ -121,23 +147,41 @@ extern "C" int mok_grouped_gemm_sm90(const struct mok_grouped_gemm_args* a, cuda
         const cuuint32_t a_box[2] = {mok_sm90::BK, mok_sm90::BM};
         if (!encode(&tma_a, a->a, 2, a_dims, a_strides, a_box)) return MOK_ERR_ARG;
     }
+    /* ---- epilogue maps: out [R, N], or h [R, 2, I] (gate | up) and act [R, I] ---- */
+    CUtensorMap tma_out, tma_act;
+    if (swiglu) {
+        /* NOTE: h as [R, 2, I], so that a gate box never spills into the up half when I % 64 != 0. */
+        const int64_t I = a->N / 2;
+        const cuuint64_t h_dims[3] = {(cuuint64_t)I, 2, (cuuint64_t)a->R};
+        const cuuint64_t h_strides[2] = {(cuuint64_t)I * 2, (cuuint64_t)a->N * 2};
+        const cuuint32_t h_box[3] = {mok_sm90::MN_CHUNK, 1, 64};
+        if (!encode(&tma_out, a->out, 3, h_dims, h_strides, h_box)) return MOK_ERR_ARG;
+        if (!encode_store(&tma_act, a->swiglu_out, I, a->R, 1, I, I * a->R)) return MOK_ERR_ARG;
+    } else {
+        if (!encode_store(&tma_out, a->out, a->N, a->R, 1, a->N, a->N * a->R)) return MOK_ERR_ARG;
+        tma_act = tma_out;
+    }
     const int num_sms = a->num_sms > 0 ? a->num_sms : mok_num_sms();
     if (swiglu) {
-        return gather ? launch<true, true>(tma_a, tma_b, p, num_sms, stream)
-                      : launch<true, false>(tma_a, tma_b, p, num_sms, stream);
+        return gather ? launch<true, true, false>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream)
+                      : launch<true, false, false>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream);
     }
-    return gather ? launch<false, true>(tma_a, tma_b, p, num_sms, stream)
-                  : launch<false, false>(tma_a, tma_b, p, num_sms, stream);
+    if (!a->trans_b) {
+        return gather ? launch<false, true, true>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream)
+                      : launch<false, false, true>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream);
+    }
+    return gather ? launch<false, true, false>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream)
+                  : launch<false, false, false>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream);
 }
 
 extern "C" int mok_grouped_gemm_wgrad_sm90_supported(int64_t R, int64_t E, int64_t M, int64_t N) {
     const char* env = getenv("MOK_DISABLE_SM90");
     if (env && env[0] && env[0] != '0') return 0;
-    if (R <= 0 || R % 8 || M % 8 || N % 8 || M <= 0 || N <= 0 || E < 1 || R > MOK_INT32_LIMIT) return 0;
+    if (R <= 0 || M % 8 || N % 8 || M <= 0 || N <= 0 || E < 1 || R > MOK_INT32_LIMIT) return 0;
     return is_hopper() && encode_fn() != NULL;
 }
 
-extern "C" int mok_grouped_gemm_wgrad_sm90(const void* a_t, const void* b_t, const int32_t* offsets, int64_t R,
+extern "C" int mok_grouped_gemm_wgrad_sm90(const void* a, const void* b, const int32_t* offsets, int64_t R,
                                            int64_t E, int64_t M, int64_t N, void* out, int num_sms,
                                            cudaStream_t stream) {
     mok_sm90::params p;
@@ -153,18 +197,15 @@ extern "C" int mok_grouped_gemm_wgrad_sm90(const void* a_t, const void* b_t, con
     p.swiglu_out = NULL;
     p.num_n_tiles = mok_ceil_div(N, mok_sm90::BN);
     p.M = M;
-    p.a_t = static_cast<const __nv_bfloat16*>(a_t);
-    p.b_t = static_cast<const __nv_bfloat16*>(b_t);
-    /* ---- A' [M, R] and B' [N, R]: K (the rows) is the contiguous dimension of both ---- */
-    const cuuint64_t row_bytes = (cuuint64_t)R * 2;
-    const cuuint64_t a_dims[2] = {(cuuint64_t)R, (cuuint64_t)M};
-    const cuuint64_t a_strides[1] = {row_bytes};
-    const cuuint32_t a_box[2] = {mok_sm90::BK, mok_sm90::BM};
-    const cuuint64_t b_dims[4] = {(cuuint64_t)R, (cuuint64_t)N, 1, 1};
-    const cuuint64_t b_strides[3] = {row_bytes, (cuuint64_t)N * row_bytes, (cuuint64_t)N * row_bytes};
-    const cuuint32_t b_box[4] = {mok_sm90::BK, mok_sm90::BN / 2, 1, 1};
+    p.wa = static_cast<const __nv_bfloat16*>(a);
+    p.wb = static_cast<const __nv_bfloat16*>(b);
+    /* ---- a [R, M] and b [R, N]: the contraction (rows) is the outer dimension of both, so both
+     * are MN-major operands ---- */
     CUtensorMap tma_a, tma_b;
-    if (!encode(&tma_a, a_t, 2, a_dims, a_strides, a_box)) return MOK_ERR_ARG;
-    if (!encode(&tma_b, b_t, 4, b_dims, b_strides, b_box)) return MOK_ERR_ARG;
-    return launch<false, false, true>(tma_a, tma_b, p, num_sms > 0 ? num_sms : mok_num_sms(), stream);
+    if (!encode_mn_major(&tma_a, a, M, R, 1)) return MOK_ERR_ARG;
+    if (!encode_mn_major(&tma_b, b, N, R, 1)) return MOK_ERR_ARG;
+    CUtensorMap tma_out;
+    if (!encode_store(&tma_out, out, N, M, E, N, M * N)) return MOK_ERR_ARG;
+    return launch<false, false, false, true>(tma_a, tma_b, tma_out, tma_out, p, num_sms > 0 ? num_sms : mok_num_sms(),
+                                             stream);
 }

@@ -180,44 +180,22 @@ void swiglu_backward(const at::Tensor& h, const at::Tensor& d_act, at::Tensor& d
 }
 
 void grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, int64_t a_gather_div,
-                const at::Tensor& b, const at::Tensor& offsets, bool trans_b_in, at::Tensor& out,
+                const at::Tensor& b, const at::Tensor& offsets, bool trans_b, at::Tensor& out,
                 at::Tensor* swiglu_out) {
-    bool trans_b = trans_b_in;
     c10::cuda::CUDAGuard guard(a.device());
-    // The sm_90a kernel reads B K-major ("NT"). For a bf16 "NN" product (the dgrad GEMMs, B = the
-    // weights [E, K, N]) one transposed copy of B is much cheaper than the SIMT kernel.
-    at::Tensor b_nt;
-    if (!trans_b && a.scalar_type() == at::kBFloat16) {
-        b_nt = b.transpose(1, 2).contiguous();
-        mok_grouped_gemm_args probe{};
-        probe.a = a.data_ptr();
-        probe.a_gather = opt_idx_ptr(a_gather);
-        probe.a_gather_div = a_gather_div;
-        probe.b = b_nt.data_ptr();
-        probe.dtype = MOK_BF16;
-        probe.E = b.size(0);
-        probe.N = out.size(1);
-        probe.Kd = b.size(1);
-        probe.trans_b = 1;
-        probe.out = out.data_ptr();
-        if (mok_grouped_gemm_sm90_supported(&probe)) {
-            trans_b = true;
-        } else {
-            b_nt = at::Tensor();
-        }
-    }
-    const at::Tensor& bb = b_nt.defined() ? b_nt : b;
+    // NT and NN both run as they are: the sm_90a kernel reads an N-major B (the dgrad GEMMs'
+    // weights [E, K, N]) as MN-major wgmma operands, no transposed copy.
     mok_grouped_gemm_args g{};
     g.a = a.data_ptr();
     g.a_gather = opt_idx_ptr(a_gather);
     g.a_gather_div = a_gather_div;
-    g.b = bb.data_ptr();
+    g.b = b.data_ptr();
     g.dtype = to_mok_dtype(a, "mok.grouped_mm", "a");
     g.offsets = offsets.data_ptr<int32_t>();
     g.R = out.size(0);
-    g.E = bb.size(0);
+    g.E = b.size(0);
     g.N = out.size(1);
-    g.Kd = trans_b ? bb.size(2) : bb.size(1);
+    g.Kd = trans_b ? b.size(2) : b.size(1);
     g.trans_b = trans_b;
     g.out = out.data_ptr();
     g.swiglu_out = swiglu_out ? swiglu_out->data_ptr() : nullptr;
@@ -229,18 +207,18 @@ void grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optio
                       int64_t b_gather_div, const at::Tensor& offsets, at::Tensor& out) {
     c10::cuda::CUDAGuard guard(a.device());
     const int64_t R = a.size(0), E = out.size(0), M = out.size(1), N = out.size(2);
-    if (a.scalar_type() == at::kBFloat16 && mok_grouped_gemm_wgrad_sm90_supported(R, E, M, N)) {
-        // The sm_90a kernel contracts over rows with both operands K-major: transposed copies of
-        // a [R, M] and of the (gathered) b [R, N]. The copies cost two memory passes; the SIMT
-        // kernel they replace is 10-20x slower than the wgmma one.
-        at::Tensor a_t = a.t().contiguous();
+    // TMA reads 16-byte aligned rows (a gathered copy of b is a fresh, aligned allocation).
+    const uintptr_t b_addr = b_gather.has_value() ? 0 : reinterpret_cast<uintptr_t>(b.data_ptr());
+    const bool aligned = (reinterpret_cast<uintptr_t>(a.data_ptr()) | b_addr) % 16 == 0;
+    if (a.scalar_type() == at::kBFloat16 && aligned && mok_grouped_gemm_wgrad_sm90_supported(R, E, M, N)) {
+        // The sm_90a kernel contracts over rows with both operands read as they are (MN-major);
+        // gathered b rows are first gathered into the row space (one pass).
         at::Tensor rows = b;
         if (b_gather.has_value()) {
             rows = at::empty({R, N}, b.options());
             gather_rows(b, *b_gather, c10::nullopt, b_gather_div, rows);
         }
-        at::Tensor b_t = rows.t().contiguous();
-        check_status(mok_grouped_gemm_wgrad_sm90(a_t.data_ptr(), b_t.data_ptr(), offsets.data_ptr<int32_t>(), R, E, M,
+        check_status(mok_grouped_gemm_wgrad_sm90(a.data_ptr(), rows.data_ptr(), offsets.data_ptr<int32_t>(), R, E, M,
                                                  N, out.data_ptr(), num_sms(a), stream_of(a)),
                      "mok.grouped_mm_wgrad");
         return;

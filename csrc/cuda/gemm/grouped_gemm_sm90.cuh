@@ -4,8 +4,12 @@
  *
  *   warpgroup 0      producer: TMA for B (and for A when rows are contiguous), or cp.async
  *                    gather-on-load of A rows (row r reads a[a_gather[r] / a_gather_div]);
- *   warpgroups 1, 2  consumers: wgmma m64n256k16 on 64 rows each, f32 accumulators in registers,
- *                    epilogue straight from registers (plain store, or fused SwiGLU).
+ *                    B is K-major ([E, N, K], "NT") or, with kBMN, N-major ([E, K, N], "NN": the
+ *                    dgrad GEMMs read the weights as they are, no transposed copy);
+ *   warpgroups 1, 2  consumers: wgmma m64n256k16 on 64 rows each, f32 accumulators in registers;
+ *                    epilogue through shared memory: [64 x 64] bf16 chunks, two buffers per
+ *                    warpgroup, each stored by TMA while the next is written (and while the next
+ *                    tile's mainloop starts), plain or with the fused SwiGLU.
  *
  * Tile 128 x 256 x 64, kStages-deep shared-memory ring; full/empty mbarriers per stage.
  * The SwiGLU variant reads gate rows [n0, n0 + 128) and up rows [I + n0, I + n0 + 128) of the
@@ -13,12 +17,17 @@
  * value in the same registers and writes h = [gate | up] and act = silu(gate) * up itself.
  *
  * Tiles straddling experts (plans whose row tile is not a multiple of 128) are run once per
- * expert segment, each pass storing only the segment's rows; mok's own CUDA plans are 128-aligned,
- * so that is one pass per tile. Rows outside [offsets[0], offsets[E]) are written as 0.
+ * expert segment, each pass storing only the segment's rows straight from registers; mok's own
+ * CUDA plans are 128-aligned, so that is one pass per tile, stored by TMA. Rows outside [offsets[0], offsets[E]) are written as 0.
  *
  * The weight-gradient variant (kWgrad) reuses the pipeline with one tile group per expert and the
- * expert's rows as the contraction: out[e] = A'[:, rows of e] B'[:, rows of e]^T over transposed
- * copies A' [M, R], B' [N, R], both read by TMA.
+ * expert's rows as the contraction: out[e] = a[rows of e, :]^T b[rows of e, :] with a [R, M] and
+ * b [R, N] read by TMA as they are, as MN-major wgmma operands (no transposed copies).
+ *
+ * Shared-memory operand layouts (128B swizzle, 64 bf16 = 128 bytes per swizzle row):
+ *   K-major   rows of the M (or N) dimension, 64 K values each; 8-row atoms of 1024 bytes;
+ *   MN-major  64-wide chunks along M (or N), each [64 K rows][64 values] = 8 KiB, chunk after
+ *             chunk; one TMA box per chunk. A consumer warpgroup's 64 rows of A are one chunk.
  */
 #ifndef MOK_CUDA_GEMM_GROUPED_GEMM_SM90_CUH
 #define MOK_CUDA_GEMM_GROUPED_GEMM_SM90_CUH
@@ -47,12 +56,16 @@ enum {
     A_STAGE_BYTES = BM * BK * 2,
     B_HALF_BYTES = (BN / 2) * BK * 2,
     B_STAGE_BYTES = BN * BK * 2,
+    MN_CHUNK = 64,                        /* MN-major: values per 128-byte swizzle row */
+    MN_CHUNK_ELEMS = MN_CHUNK * BK,       /* one [64 K][64 MN] chunk */
+    MN_CHUNK_BYTES = MN_CHUNK_ELEMS * 2,  /* 8 KiB: the leading byte offset of MN-major descriptors */
 };
 
 /* Shared memory of one CTA; the tile buffers come first so each is 1024-byte aligned (128B swizzle). */
 struct smem_layout {
     __nv_bfloat16 a[kStages][BM * BK];
     __nv_bfloat16 b[kStages][BN * BK];
+    __nv_bfloat16 epi[2][2][64 * 64]; /* [consumer warpgroup][buffer]: one TMA store box each */
     uint64_t full[kStages];
     uint64_t empty[kStages];
 };
@@ -70,11 +83,11 @@ struct params {
     __nv_bfloat16* out;        /* [R, N] */
     __nv_bfloat16* swiglu_out; /* [R, N / 2], SwiGLU variant only */
     int64_t num_n_tiles;
-    /* Weight-gradient variant: out [E, M, N] = per expert A'[:, rows of e] B'[:, rows of e]^T with
-     * A' = a [M, R] and B' [N, R] (transposed copies, rows contiguous); K = the expert's rows. */
+    /* Weight-gradient variant: out [E, M, N] = per expert a[rows of e, :]^T b[rows of e, :];
+     * K = the expert's rows. */
     int64_t M;
-    const __nv_bfloat16* a_t; /* [M, R] (its TMA map is tma_a) */
-    const __nv_bfloat16* b_t; /* [N, R] (its TMA map is tma_b) */
+    const __nv_bfloat16* wa; /* [R, M] (its TMA map is tma_a) */
+    const __nv_bfloat16* wb; /* [R, N] (its TMA map is tma_b) */
 };
 
 __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* p, float x, float y) {
@@ -82,6 +95,64 @@ __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* p, float x, float y)
     v.x = mok_from_acc<__nv_bfloat16>(x);
     v.y = mok_from_acc<__nv_bfloat16>(y);
     *reinterpret_cast<__nv_bfloat162*>(p) = v;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * TMA-store epilogue of one consumer warpgroup (every store map is 3-D: the instruction's rank
+ * must match the map's): its 64 rows of the tile leave in [64 x 64] bf16
+ * chunks through two shared-memory buffers. Chunk c uses buffer c % 2; before it is rewritten, the
+ * store issued two chunks earlier must have read it. Thread 0 of the warpgroup issues the stores.
+ * ---------------------------------------------------------------------------------------------- */
+struct epi_stager {
+    smem_layout* s;
+    int wg, t;       /* warpgroup (0, 1) and thread in it */
+    int row, quad;   /* accumulator row (of 64; and row + 8) and column pair of this thread */
+    uint32_t chunks; /* chunks issued so far */
+};
+
+__device__ __forceinline__ epi_stager make_epi_stager(smem_layout& s, int wg, int t) {
+    epi_stager e;
+    e.s = &s;
+    e.wg = wg;
+    e.t = t;
+    e.row = (t >> 5) * 16 + ((t & 31) >> 2);
+    e.quad = t & 3;
+    e.chunks = 0;
+    return e;
+}
+
+/* Waits for the next buffer to be free; returns it. */
+__device__ __forceinline__ __nv_bfloat16* epi_acquire(epi_stager& e) {
+    if (e.t == 0) bulk_wait_group_read<1>();
+    named_barrier_sync(1 + e.wg, 128);
+    return e.s->epi[e.wg][e.chunks & 1];
+}
+
+/* Puts the values of columns 8 ci + 2 quad + {0, 1} of row `row + 8 h` into the buffer, in the
+ * 128B-swizzled layout of the TMA box (16-byte chunk ci of row r at chunk ci ^ (r % 8)). */
+__device__ __forceinline__ void epi_put(const epi_stager& e, __nv_bfloat16* buf, int h, int ci, float x, float y) {
+    const int r = e.row + 8 * h;
+    char* p = reinterpret_cast<char*>(buf) + r * 128 + ((ci ^ (r & 7)) << 4) + e.quad * 4;
+    store_bf16x2(reinterpret_cast<__nv_bfloat16*>(p), x, y);
+}
+
+/* Makes the buffer's generic-proxy writes visible to TMA; true in the thread that issues the store. */
+__device__ __forceinline__ bool epi_ready(epi_stager& e) {
+    fence_proxy_async_shared();
+    named_barrier_sync(1 + e.wg, 128);
+    ++e.chunks;
+    return e.t == 0;
+}
+
+/* Stages accumulator groups [8 j, 8 j + 8) (64 columns) of this thread's rows. */
+__device__ __forceinline__ __nv_bfloat16* epi_stage_acc(epi_stager& e, const float* acc, int j) {
+    __nv_bfloat16* buf = epi_acquire(e);
+#pragma unroll
+    for (int ci = 0; ci < 8; ++ci) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) epi_put(e, buf, h, ci, acc[(8 * j + ci) * 4 + 2 * h], acc[(8 * j + ci) * 4 + 2 * h + 1]);
+    }
+    return buf;
 }
 
 /* Walk of the expert segments of a tile: experts whose rows intersect [m0, m0 + BM). */
@@ -108,7 +179,7 @@ __device__ __forceinline__ segment_walk segments_of(const params& p, int64_t m0,
 /* ------------------------------------------------------------------------------------------------
  * producer
  * ---------------------------------------------------------------------------------------------- */
-template <bool kSwiGLU, bool kGather>
+template <bool kSwiGLU, bool kGather, bool kBMN>
 __device__ __forceinline__ void produce(smem_layout& s, const params& p, const CUtensorMap* tma_a,
                                         const CUtensorMap* tma_b, int64_t rows_used) {
     const int tid = threadIdx.x; /* 0..127 */
@@ -141,8 +212,14 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
                 const int32_t k0 = (int32_t)(kb * BK);
                 if (tid == 0) {
                     mbarrier_arrive_expect_tx(&s.full[stage], B_STAGE_BYTES + (kGather ? 0 : A_STAGE_BYTES));
-                    /* ---- issue TMA for B: two 128-row boxes (gate | up, or n0 | n0 + 128) ---- */
-                    if (kSwiGLU) {
+                    /* ---- issue TMA for B: two 128-row boxes (gate | up, or n0 | n0 + 128), or
+                     * four [64 K][64 N] chunks of the N-major weight ---- */
+                    if (kBMN) {
+#pragma unroll
+                        for (int j = 0; j < BN / MN_CHUNK; ++j)
+                            tma_load_3d(&s.b[stage][j * MN_CHUNK_ELEMS], tma_b, &s.full[stage], n_coord + j * MN_CHUNK,
+                                        k0, w.e);
+                    } else if (kSwiGLU) {
                         tma_load_4d(&s.b[stage][0], tma_b, &s.full[stage], k0, n_coord, 0, w.e);
                         tma_load_4d(&s.b[stage][(BN / 2) * BK], tma_b, &s.full[stage], k0, n_coord, 1, w.e);
                     } else {
@@ -202,7 +279,16 @@ __device__ __forceinline__ void store_zero_row(const params& p, int64_t row, int
 
 /* The mainloop of one tile: wait for each K-block's stage, 4 wgmma k16 steps on it; the stage of
  * the previous K-block is released once its wgmma group has retired (one group stays in flight). */
-template <bool kGather>
+/* Descriptor of the k16-th K step of an operand tile at smem_addr. */
+template <bool kMN>
+__device__ __forceinline__ uint64_t operand_desc(uint32_t smem_addr, int k16) {
+    /* NOTE: K-major: a K step of 16 bf16 is 32 bytes inside the 128-byte swizzled row;
+     * MN-major: it is 16 rows of 128 bytes. */
+    return kMN ? wgmma_desc_mnmajor_sw128(smem_addr + k16 * 16 * 128, MN_CHUNK_BYTES)
+               : wgmma_desc_kmajor_sw128(smem_addr + k16 * 32);
+}
+
+template <bool kGather, bool kAMN, bool kBMN>
 __device__ __forceinline__ void consume_kblocks(smem_layout& s, float* acc, int64_t num_kb, uint32_t& stage,
                                                 uint32_t& phase, int wg, int lane) {
     uint32_t prev_stage = 0;
@@ -211,15 +297,15 @@ __device__ __forceinline__ void consume_kblocks(smem_layout& s, float* acc, int6
         /* NOTE: gathered A was written by cp.async (generic proxy); wgmma reads through the async
          * proxy, so order the two in this thread before the first wgmma. */
         if (kGather) fence_proxy_async_shared();
+        /* NOTE: a warpgroup's 64 rows of A are 8 KiB in both layouts (64 K-major rows, or one
+         * MN-major chunk). */
         const uint32_t a_addr = mok_smem_u32(&s.a[stage][wg * 64 * BK]);
         const uint32_t b_addr = mok_smem_u32(&s.b[stage][0]);
         wgmma_fence();
 #pragma unroll
         for (int k16 = 0; k16 < BK / 16; ++k16) {
-            /* NOTE: a K step of 16 bf16 is 32 bytes inside the 128-byte swizzled row. */
-            const uint64_t da = wgmma_desc_kmajor_sw128(a_addr + k16 * 32);
-            const uint64_t db = wgmma_desc_kmajor_sw128(b_addr + k16 * 32);
-            wgmma_m64n256k16_f32_bf16(acc, da, db, (kb > 0 || k16 > 0) ? 1 : 0);
+            wgmma_m64n256k16_f32_bf16<kAMN, kBMN>(acc, operand_desc<kAMN>(a_addr, k16), operand_desc<kBMN>(b_addr, k16),
+                                                  (kb > 0 || k16 > 0) ? 1 : 0);
         }
         wgmma_commit_group();
         wgmma_wait_group<1>();
@@ -235,8 +321,64 @@ __device__ __forceinline__ void consume_kblocks(smem_layout& s, float* acc, int6
     if (num_kb > 0 && lane == 0) mbarrier_arrive(&s.empty[prev_stage]);
 }
 
-template <bool kSwiGLU, bool kGather>
-__device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used) {
+/* TMA-store epilogue of a tile whose rows all belong to one expert segment: this warpgroup's rows
+ * [row0, row0 + 64) (the maps clip rows past R and columns past N or I). */
+template <bool kSwiGLU>
+__device__ __forceinline__ void store_tile_tma(epi_stager& e, const params& p, const float* acc, int64_t n_tile,
+                                               int32_t row0, const CUtensorMap* tma_out, const CUtensorMap* tma_act) {
+    if (kSwiGLU) {
+        /* ---- h = [gate | up] through the [R, 2, I] map, act through the [R, I] map ---- */
+        const int64_t I = p.N / 2;
+#pragma unroll
+        for (int j = 0; j < BN / 2 / 64; ++j) {
+            const int32_t c = (int32_t)(n_tile * (BN / 2) + 64 * j);
+            if (c >= I) break;
+            __nv_bfloat16* buf = epi_stage_acc(e, acc, j);
+            if (epi_ready(e)) {
+                tma_store_3d(tma_out, buf, c, 0, row0);
+                bulk_commit_group();
+            }
+            buf = epi_stage_acc(e, acc, j + BN / 2 / 64);
+            if (epi_ready(e)) {
+                tma_store_3d(tma_out, buf, c, 1, row0);
+                bulk_commit_group();
+            }
+            buf = epi_acquire(e);
+#pragma unroll
+            for (int ci = 0; ci < 8; ++ci) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int ig = (8 * j + ci) * 4 + 2 * h, iu = ig + (BN / 2 / 8) * 4;
+                    /* SwiGLU of the stored (rounded) values: equals the swiglu op on h. */
+                    const float rg0 = __bfloat162float(__float2bfloat16_rn(acc[ig]));
+                    const float rg1 = __bfloat162float(__float2bfloat16_rn(acc[ig + 1]));
+                    const float ru0 = __bfloat162float(__float2bfloat16_rn(acc[iu]));
+                    const float ru1 = __bfloat162float(__float2bfloat16_rn(acc[iu + 1]));
+                    epi_put(e, buf, h, ci, mok_swiglu(rg0, ru0), mok_swiglu(rg1, ru1));
+                }
+            }
+            if (epi_ready(e)) {
+                tma_store_3d(tma_act, buf, c, row0, 0);
+                bulk_commit_group();
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < BN / 64; ++j) {
+            const int32_t c = (int32_t)(n_tile * BN + 64 * j);
+            if (c >= p.N) break;
+            __nv_bfloat16* buf = epi_stage_acc(e, acc, j);
+            if (epi_ready(e)) {
+                tma_store_3d(tma_out, buf, c, row0, 0);
+                bulk_commit_group();
+            }
+        }
+    }
+}
+
+template <bool kSwiGLU, bool kGather, bool kBMN>
+__device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used, const CUtensorMap* tma_out,
+                                        const CUtensorMap* tma_act) {
     const int wg = (threadIdx.x / 128) - 1; /* consumer warpgroup 0 or 1: rows wg * 64 .. + 64 */
     const int t = threadIdx.x & 127;
     const int warp = t >> 5, lane = t & 31;
@@ -247,6 +389,7 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
     const int64_t off0 = p.offsets[0];
     uint32_t stage = 0, phase = 0;
     float acc[BN / 2];
+    epi_stager epi = make_epi_stager(s, wg, t);
 
     mok_tile_sched sched;
     mok_sched_init(&sched, 1, (p.R + BM - 1) / BM, p.num_n_tiles, BM, rows_used);
@@ -261,8 +404,15 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
         for (segment_walk w = segments_of(p, tile.m0, rows_used); w.e <= w.e_last; ++w.e) {
             const int64_t seg_lo = p.offsets[w.e], seg_hi = p.offsets[w.e + 1];
             if (seg_lo == seg_hi) continue;
-            consume_kblocks<kGather>(s, acc, num_kb, stage, phase, wg, lane);
-            /* ---- epilogue: rows of this segment only ---- */
+            consume_kblocks<kGather, false, kBMN>(s, acc, num_kb, stage, phase, wg, lane);
+            const int64_t tile_end = tile.m0 + BM < p.R ? tile.m0 + BM : p.R;
+            if (seg_lo <= tile.m0 && seg_hi >= tile_end) {
+                /* ---- epilogue: the whole tile is one segment (mok's plans): TMA stores ---- */
+                const int64_t row0 = tile.m0 + 64 * wg;
+                if (row0 < p.R) store_tile_tma<kSwiGLU>(epi, p, acc, tile.n_tile, (int32_t)row0, tma_out, tma_act);
+                continue;
+            }
+            /* ---- epilogue: rows of this segment only, from registers ---- */
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int64_t row = tile.m0 + r_lo + 8 * h;
@@ -294,6 +444,8 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
             }
         }
     }
+    /* ---- the shared memory must outlive the last TMA stores' reads ---- */
+    if (t == 0) bulk_wait_group<0>();
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -323,9 +475,13 @@ __device__ __forceinline__ void produce_wgrad(smem_layout& s, const params& p, c
             mbarrier_wait_parity(&s.empty[stage], phase ^ 1);
             const int32_t k0 = lo + (int32_t)(kb * BK);
             mbarrier_arrive_expect_tx(&s.full[stage], B_STAGE_BYTES + A_STAGE_BYTES);
-            tma_load_4d(&s.b[stage][0], tma_b, &s.full[stage], k0, n0, 0, 0);
-            tma_load_4d(&s.b[stage][(BN / 2) * BK], tma_b, &s.full[stage], k0, n0 + BN / 2, 0, 0);
-            tma_load_2d(&s.a[stage][0], tma_a, &s.full[stage], k0, (int32_t)tile.m0);
+            /* ---- MN-major chunks [64 rows][64 columns]: 2 of a, 4 of b ---- */
+#pragma unroll
+            for (int j = 0; j < BM / MN_CHUNK; ++j)
+                tma_load_3d(&s.a[stage][j * MN_CHUNK_ELEMS], tma_a, &s.full[stage], (int32_t)tile.m0 + j * MN_CHUNK, k0, 0);
+#pragma unroll
+            for (int j = 0; j < BN / MN_CHUNK; ++j)
+                tma_load_3d(&s.b[stage][j * MN_CHUNK_ELEMS], tma_b, &s.full[stage], n0 + j * MN_CHUNK, k0, 0);
             if (++stage == kStages) {
                 stage = 0;
                 phase ^= 1;
@@ -334,7 +490,7 @@ __device__ __forceinline__ void produce_wgrad(smem_layout& s, const params& p, c
     }
 }
 
-__device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p) {
+__device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_out) {
     const int wg = (threadIdx.x / 128) - 1;
     const int t = threadIdx.x & 127;
     const int warp = t >> 5, lane = t & 31;
@@ -342,6 +498,7 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p) {
     const int r_lo = wg * 64 + warp * 16 + (lane >> 2);
     uint32_t stage = 0, phase = 0;
     float acc[BN / 2];
+    epi_stager epi = make_epi_stager(s, wg, t);
 
     mok_tile_sched sched;
     mok_sched_init(&sched, p.E, (p.M + BM - 1) / BM, p.num_n_tiles, BM, INT64_MAX);
@@ -349,7 +506,7 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p) {
     while (mok_sched_next_tile(&sched, &tile)) {
         const int64_t num_kb = wgrad_kblocks(p, tile.group);
         if (num_kb > 0) {
-            consume_kblocks<false>(s, acc, num_kb, stage, phase, wg, lane);
+            consume_kblocks<false, true, true>(s, acc, num_kb, stage, phase, wg, lane);
         } else {
             /* ---- no rows (zeros), or unaligned rows: one FMA chain per output, in row order ---- */
             int64_t lo = p.offsets[tile.group], hi = num_kb == 0 ? lo : p.offsets[tile.group + 1];
@@ -366,33 +523,37 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p) {
                         float v = 0.f;
                         if (m < p.M && n < p.N) {
                             for (int64_t r = lo; r < hi; ++r)
-                                v = fmaf(__bfloat162float(p.a_t[m * p.R + r]), __bfloat162float(p.b_t[n * p.R + r]), v);
+                                v = fmaf(__bfloat162float(p.wa[r * p.M + m]), __bfloat162float(p.wb[r * p.N + n]), v);
                         }
                         acc[i * 4 + 2 * h + c] = v;
                     }
                 }
             }
         }
-        /* ---- epilogue: out[e, m, n] ---- */
-        __nv_bfloat16* out = p.out + tile.group * p.M * p.N;
+        /* ---- epilogue: out[e, m, n] through the [E, M, N] map (clips m past M, n past N) ---- */
+        const int64_t m0 = tile.m0 + 64 * wg;
+        if (m0 >= p.M) continue;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int64_t m = tile.m0 + r_lo + 8 * h;
-            if (m >= p.M) continue;
-#pragma unroll
-            for (int i = 0; i < BN / 8; ++i) {
-                const int64_t c = tile.n_tile * BN + i * 8 + lane4 * 2;
-                if (c < p.N) store_bf16x2(out + m * p.N + c, acc[i * 4 + 2 * h], acc[i * 4 + 2 * h + 1]);
+        for (int j = 0; j < BN / 64; ++j) {
+            const int64_t c = tile.n_tile * BN + 64 * j;
+            if (c >= p.N) break;
+            __nv_bfloat16* buf = epi_stage_acc(epi, acc, j);
+            if (epi_ready(epi)) {
+                tma_store_3d(tma_out, buf, (int32_t)c, (int32_t)m0, (int32_t)tile.group);
+                bulk_commit_group();
             }
         }
     }
+    if (t == 0) bulk_wait_group<0>();
 }
 
-template <bool kSwiGLU, bool kGather, bool kWgrad>
+template <bool kSwiGLU, bool kGather, bool kBMN, bool kWgrad>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_bf16_nt_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+                                const __grid_constant__ CUtensorMap tma_out, const __grid_constant__ CUtensorMap tma_act,
                                 const params p) {
-    static_assert(!kWgrad || (!kSwiGLU && !kGather), "the weight-gradient variant reads both operands by TMA");
+    static_assert(!kWgrad || (!kSwiGLU && !kGather && !kBMN), "the weight-gradient variant reads both operands by TMA");
+    static_assert(!(kSwiGLU && kBMN), "the SwiGLU epilogue reads gate and up rows of a K-major weight");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     /* NOTE: the 128B swizzle pattern is a function of address bits [9:4]: align the ring to 1024. */
     smem_layout& s = *reinterpret_cast<smem_layout*>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -415,14 +576,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (kWgrad) {
             produce_wgrad(s, p, &tma_a, &tma_b);
         } else {
-            produce<kSwiGLU, kGather>(s, p, &tma_a, &tma_b, mok_rows_in_use(p.offsets, p.E, p.R));
+            produce<kSwiGLU, kGather, kBMN>(s, p, &tma_a, &tma_b, mok_rows_in_use(p.offsets, p.E, p.R));
         }
     } else {
         setmaxnreg_inc<kConsumerRegs>();
         if (kWgrad) {
-            consume_wgrad(s, p);
+            consume_wgrad(s, p, &tma_out);
         } else {
-            consume<kSwiGLU, kGather>(s, p, mok_rows_in_use(p.offsets, p.E, p.R));
+            consume<kSwiGLU, kGather, kBMN>(s, p, mok_rows_in_use(p.offsets, p.E, p.R), &tma_out, &tma_act);
         }
     }
 }

@@ -9,16 +9,17 @@
 extern "C" {
 #endif
 
-/* 1 when the sm_90a kernel handles these arguments: bf16, NT, K and N multiples of 8 (16-byte TMA
- * strides), a Hopper device, and MOK_DISABLE_SM90 unset. */
+/* 1 when the sm_90a kernel handles these arguments: bf16, NT or NN (not NN with the SwiGLU
+ * epilogue), K and N multiples of 8 (16-byte TMA strides), a Hopper device, and MOK_DISABLE_SM90
+ * unset. */
 int mok_grouped_gemm_sm90_supported(const struct mok_grouped_gemm_args* args);
 int mok_grouped_gemm_sm90(const struct mok_grouped_gemm_args* args, cudaStream_t stream);
 
-/* Weight gradient out[e] = A'_e B'_e^T over the rows of expert e, with A' = a^T [M, R] and
- * B' = b^T [N, R] (transposed copies made by the caller); bf16; R, M, N multiples of 8. Experts
- * whose row range is not 64-aligned run on a slow FMA fallback inside the same kernel. */
+/* Weight gradient out[e] = a_e^T b_e over the rows of expert e, with a [R, M] and b [R, N] read as
+ * they are (MN-major operands); bf16; M, N multiples of 8. Experts whose row range is not
+ * 64-aligned run on a slow FMA fallback inside the same kernel. */
 int mok_grouped_gemm_wgrad_sm90_supported(int64_t R, int64_t E, int64_t M, int64_t N);
-int mok_grouped_gemm_wgrad_sm90(const void* a_t, const void* b_t, const int32_t* offsets, int64_t R, int64_t E,
+int mok_grouped_gemm_wgrad_sm90(const void* a, const void* b, const int32_t* offsets, int64_t R, int64_t E,
                                 int64_t M, int64_t N, void* out, int num_sms, cudaStream_t stream);
 
 #ifdef __cplusplus

@@ -44,8 +44,23 @@ __device__ __forceinline__ uint64_t wgmma_desc_kmajor_sw128(uint32_t smem_addr) 
     return desc;
 }
 
-/* D[64 x 256] (+)= A[64 x 16] * B[256 x 16]^T; A and B K-major in shared memory (descriptors),
- * bf16 inputs, f32 accumulators: 128 per thread. accumulate = 0 overwrites D. */
+/* Shared-memory matrix descriptor of an MN-major tile in the 128-byte swizzle layout: K rows of
+ * 128 bytes (64 bf16 along M or N), 8-row atoms of 1024 bytes (the stride byte offset, along K),
+ * and `chunk_bytes` between consecutive 64-wide chunks along M or N (the leading byte offset).
+ * The tile base must be 1024-byte aligned; a K step of 16 rows is a start-address offset of 2048. */
+__device__ __forceinline__ uint64_t wgmma_desc_mnmajor_sw128(uint32_t smem_addr, uint32_t chunk_bytes) {
+    uint64_t desc = 0;
+    desc |= (uint64_t)((smem_addr & 0x3FFFF) >> 4);        /* bits 0-13: start address >> 4 */
+    desc |= (uint64_t)((chunk_bytes >> 4) & 0x3FFF) << 16;  /* bits 16-29: leading byte offset >> 4 */
+    desc |= (uint64_t)(1024 >> 4) << 32;                    /* bits 32-45: stride byte offset >> 4 */
+    desc |= (uint64_t)1 << 62;                              /* bits 62-63: swizzle mode 1 = 128B */
+    return desc;
+}
+
+/* D[64 x 256] (+)= A[64 x 16] * B[16 x 256]; operands in shared memory (descriptors), K-major
+ * unless kTransA / kTransB say MN-major (bf16 only), bf16 inputs, f32 accumulators: 128 per
+ * thread. accumulate = 0 overwrites D. */
+template <int kTransA = 0, int kTransB = 0>
 __device__ __forceinline__ void wgmma_m64n256k16_f32_bf16(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
     asm volatile(
         "{\n"
@@ -53,7 +68,7 @@ __device__ __forceinline__ void wgmma_m64n256k16_f32_bf16(float* d, uint64_t des
         "setp.ne.b32 p, %130, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-        "%128, %129, p, 1, 1, 0, 0;\n"
+        "%128, %129, p, 1, 1, %131, %132;\n"
         "}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
@@ -71,7 +86,7 @@ __device__ __forceinline__ void wgmma_m64n256k16_f32_bf16(float* d, uint64_t des
           "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
           "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
           "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
 }
 
 /* D[64 x 128] (+)= A[64 x 16] * B[128 x 16]^T; A and B K-major in shared memory (descriptors),
