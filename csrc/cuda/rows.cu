@@ -6,6 +6,9 @@
  *
  * NOTE: indices that do not fit their tensor (src >= T * K, row_of >= R) cannot be reported without
  * a host sync; they are treated like the "absent" value (-1): a zero row, or a skipped term.
+ *
+ * bf16 rows with H % 8 == 0 and 16-byte aligned pointers (every row of mok's layers) take the
+ * *_bf16x8 kernels: 16-byte loads and stores, the same arithmetic in the same order per element.
  */
 #include <stdint.h>
 #include <cuda_runtime.h>
@@ -15,6 +18,7 @@
 #include "mok_cuda.h"
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
+#include "common/vec.cuh"
 
 namespace {
 
@@ -58,6 +62,41 @@ __global__ void __launch_bounds__(ROWS_THREADS) gather_rows_kernel(const T* __re
     }
 }
 
+/* bf16 x 8 variant: one 16-byte vector per thread and step. */
+__global__ void __launch_bounds__(ROWS_THREADS) gather_rows_bf16x8_kernel(const __nv_bfloat16* __restrict__ x,
+                                                                          int64_t T_, int64_t H, int64_t K, int64_t R,
+                                                                          const int32_t* __restrict__ src_of_row,
+                                                                          const float* __restrict__ w,
+                                                                          __nv_bfloat16* __restrict__ out) {
+    const int64_t HV = H / MOK_VEC;
+    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+        const int64_t src = (int64_t)src_of_row[r];
+        const bool valid = src >= 0 && src < T_ * K;
+        __nv_bfloat16* __restrict__ o = out + r * H;
+        if (!valid) {
+            for (int64_t c = threadIdx.x; c < HV; c += blockDim.x) {
+                *reinterpret_cast<uint4*>(o + c * MOK_VEC) = make_uint4(0, 0, 0, 0);
+            }
+            continue;
+        }
+        const __nv_bfloat16* __restrict__ xi = x + (src / K) * H;
+        if (w == NULL) {
+            for (int64_t c = threadIdx.x; c < HV; c += blockDim.x) {
+                *reinterpret_cast<uint4*>(o + c * MOK_VEC) = mok_ld8(xi + c * MOK_VEC);
+            }
+        } else {
+            const float s = w[src];
+            for (int64_t c = threadIdx.x; c < HV; c += blockDim.x) {
+                float f[MOK_VEC];
+                mok_unpack8(mok_ld8(xi + c * MOK_VEC), f);
+#pragma unroll
+                for (int i = 0; i < MOK_VEC; ++i) f[i] = mok_mul(s, f[i]);
+                mok_st8(o + c * MOK_VEC, f);
+            }
+        }
+    }
+}
+
 /* ------------------------------------------------------------------------------------------------
  * combine: one block per token (grid-stride), threads over H; each thread keeps ONE accumulator per
  * element and adds the K terms in increasing k (the core's order, each op rounded on its own).
@@ -83,6 +122,45 @@ __global__ void __launch_bounds__(ROWS_THREADS) combine_kernel(const T* __restri
                 acc = mok_add(acc, w != NULL ? mok_mul(w[t * K + k], v) : v);
             }
             y[t * H + h] = mok_from_acc<T>(acc);
+        }
+    }
+}
+
+/* bf16 x 8 variant: the K loads of a vector are issued 4 at a time before their (in-order) sums. */
+__global__ void __launch_bounds__(ROWS_THREADS) combine_bf16x8_kernel(const __nv_bfloat16* __restrict__ rows, int64_t R,
+                                                                      int64_t H, int64_t T_, int64_t K,
+                                                                      const int32_t* __restrict__ row_of,
+                                                                      const float* __restrict__ w,
+                                                                      __nv_bfloat16* __restrict__ y) {
+    enum { KB = 4 };
+    const int64_t HV = H / MOK_VEC;
+    for (int64_t t = blockIdx.x; t < T_; t += gridDim.x) {
+        const int32_t* __restrict__ ro = row_of + t * K;
+        for (int64_t c = threadIdx.x; c < HV; c += blockDim.x) {
+            float acc[MOK_VEC];
+#pragma unroll
+            for (int i = 0; i < MOK_VEC; ++i) acc[i] = 0.f;
+            for (int64_t k0 = 0; k0 < K; k0 += KB) {
+                uint4 v[KB];
+                bool ok[KB];
+#pragma unroll
+                for (int kk = 0; kk < KB; ++kk) {
+                    const int64_t row = k0 + kk < K ? (int64_t)ro[k0 + kk] : -1;
+                    ok[kk] = row >= 0 && row < R;
+                    if (ok[kk]) v[kk] = mok_ld8(rows + row * H + c * MOK_VEC);
+                }
+                /* ---- fixed-order sum over k, as the scalar kernel ---- */
+#pragma unroll
+                for (int kk = 0; kk < KB; ++kk) {
+                    if (!ok[kk]) continue;
+                    float f[MOK_VEC];
+                    mok_unpack8(v[kk], f);
+                    const float wk = w != NULL ? w[t * K + k0 + kk] : 1.f;
+#pragma unroll
+                    for (int i = 0; i < MOK_VEC; ++i) acc[i] = mok_add(acc[i], w != NULL ? mok_mul(wk, f[i]) : f[i]);
+                }
+            }
+            mok_st8(y + t * H + c * MOK_VEC, acc);
         }
     }
 }
@@ -127,6 +205,40 @@ __global__ void __launch_bounds__(WG_WARPS * 32) combine_weight_grad_kernel(cons
     }
 }
 
+/* bf16 x 8 variant: lane l sums its vectors c = l, l + 32, ... (8 elements each, increasing h) in
+ * one accumulator, then the same shuffle tree. */
+__global__ void __launch_bounds__(WG_WARPS * 32) combine_weight_grad_bf16x8_kernel(
+    const __nv_bfloat16* __restrict__ dy, const __nv_bfloat16* __restrict__ rows, int64_t R, int64_t H, int64_t TK,
+    int64_t K, const int32_t* __restrict__ row_of, float* __restrict__ d_w) {
+    const int lane = (int)(threadIdx.x % 32);
+    const int64_t warp = (int64_t)blockIdx.x * WG_WARPS + threadIdx.x / 32;
+    const int64_t num_warps = (int64_t)gridDim.x * WG_WARPS;
+    const int64_t HV = H / MOK_VEC;
+    for (int64_t p = warp; p < TK; p += num_warps) {
+        const int64_t row = (int64_t)row_of[p];
+        const bool valid = row >= 0 && row < R;
+        float acc = 0.f;
+        if (valid) {
+            const __nv_bfloat16* __restrict__ dyt = dy + (p / K) * H;
+            const __nv_bfloat16* __restrict__ rr = rows + row * H;
+            for (int64_t c = lane; c < HV; c += 32) {
+                float a[MOK_VEC], b[MOK_VEC];
+                mok_unpack8(mok_ld8(dyt + c * MOK_VEC), a);
+                mok_unpack8(mok_ld8(rr + c * MOK_VEC), b);
+#pragma unroll
+                for (int i = 0; i < MOK_VEC; ++i) acc = mok_add(acc, mok_mul(a[i], b[i]));
+            }
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) {
+            acc = mok_add(acc, __shfl_down_sync(0xffffffffu, acc, off));
+        }
+        if (lane == 0) {
+            d_w[p] = valid ? acc : 0.f;
+        }
+    }
+}
+
 int rows_dtype_ok(mok_dtype dt) { return dt == MOK_BF16 || dt == MOK_F16 || dt == MOK_F32 || dt == MOK_F64; }
 
 }  // namespace
@@ -146,6 +258,12 @@ extern "C" int mok_gather_rows_cuda(const struct mok_gather_rows_args* args, cud
     /* ---- launch: one block per row, grid-stride ---- */
     const unsigned int grid = mok_grid_stride_blocks(args->R, 1, ROWS_BLOCKS_PER_SM);
     const int64_t T = args->T, H = args->H, K = args->K, R = args->R;
+    if (args->dtype == MOK_BF16 && H % MOK_VEC == 0 && mok_aligned16(args->x, args->out)) {
+        gather_rows_bf16x8_kernel<<<grid, ROWS_THREADS, 0, stream>>>((const __nv_bfloat16*)args->x, T, H, K, R,
+                                                                     args->src_of_row, (const float*)args->w,
+                                                                     (__nv_bfloat16*)args->out);
+        return mok_launch_status();
+    }
     switch (args->dtype) {
         case MOK_BF16:
             gather_rows_kernel<__nv_bfloat16><<<grid, ROWS_THREADS, 0, stream>>>(
@@ -184,6 +302,12 @@ extern "C" int mok_combine_cuda(const struct mok_combine_args* args, cudaStream_
     /* ---- launch: one block per token, grid-stride ---- */
     const unsigned int grid = mok_grid_stride_blocks(args->T, 1, ROWS_BLOCKS_PER_SM);
     const int64_t R = args->R, H = args->H, T = args->T, K = args->K;
+    if (args->dtype == MOK_BF16 && H % MOK_VEC == 0 && mok_aligned16(args->rows, args->y)) {
+        combine_bf16x8_kernel<<<grid, ROWS_THREADS, 0, stream>>>((const __nv_bfloat16*)args->rows, R, H, T, K,
+                                                                 args->row_of, (const float*)args->w,
+                                                                 (__nv_bfloat16*)args->y);
+        return mok_launch_status();
+    }
     switch (args->dtype) {
         case MOK_BF16:
             combine_kernel<__nv_bfloat16><<<grid, ROWS_THREADS, 0, stream>>>(
@@ -222,6 +346,12 @@ extern "C" int mok_combine_weight_grad_cuda(const struct mok_combine_weight_grad
     /* ---- launch: one warp per (t, k) pair, grid-stride ---- */
     const unsigned int grid = mok_grid_stride_blocks(TK, WG_WARPS, ROWS_BLOCKS_PER_SM);
     const int64_t R = args->R, H = args->H, K = args->K;
+    if (args->dtype == MOK_BF16 && H % MOK_VEC == 0 && mok_aligned16(args->dy, args->rows)) {
+        combine_weight_grad_bf16x8_kernel<<<grid, WG_WARPS * 32, 0, stream>>>(
+            (const __nv_bfloat16*)args->dy, (const __nv_bfloat16*)args->rows, R, H, TK, K, args->row_of,
+            (float*)args->d_w);
+        return mok_launch_status();
+    }
     switch (args->dtype) {
         case MOK_BF16:
             combine_weight_grad_kernel<__nv_bfloat16><<<grid, WG_WARPS * 32, 0, stream>>>(
