@@ -7,8 +7,8 @@ kernel to fuse or speed up.
     python benchmarks/profile_moe_steps.py --quick                    # CPU smoke test
 
 The chain is the one mok/_ops.py runs (docs/kernels.md): plan, GEMM1 (+SwiGLU), GEMM2, combine;
-backward: gather of dy, weight-gradient dot products, dgrad GEMM2 with the SwiGLU backward in its
-epilogue, wgrad GEMM2, dgrad GEMM1, combine of dx, wgrad GEMM1 (with its gather of x)."""
+backward: gather of dy, weight-gradient dot products, dgrad GEMM2, wgrad GEMM2, SwiGLU backward,
+dgrad GEMM1, combine of dx, wgrad GEMM1 (with its gather of x)."""
 import argparse
 import os
 import sys
@@ -49,7 +49,8 @@ def steps(T, H, I, E, K, device):
     act, h = ops.grouped_mm_swiglu(x, plan.src_of_row, plan.row_of, K, gate_up, plan.offsets)
     rows = ops.grouped_mm(act, None, 1, down, plan.offsets, True)
     d_rows = ops.gather_rows(dy, plan.src_of_row, w, K)
-    d_h = ops.grouped_mm_dswiglu(d_rows, down, plan.offsets, h)
+    d_act = ops.grouped_mm(d_rows, None, 1, down, plan.offsets, False)
+    d_h = ops.swiglu_backward(h, d_act)
     d_xr = ops.grouped_mm(d_h, None, 1, gate_up, plan.offsets, False)
     b2 = 2  # bytes per bf16
     gemm = lambda n, k: ("flops", 2.0 * P * n * k)  # noqa: E731
@@ -62,9 +63,9 @@ def steps(T, H, I, E, K, device):
         ("fwd combine", lambda: ops.combine(rows, plan.row_of, plan.src_of_row, w), "bytes", (P + T) * H * b2),
         ("bwd gather dy", lambda: ops.gather_rows(dy, plan.src_of_row, w, K), "bytes", (P + T) * H * b2),
         ("bwd d topk_w", lambda: ops.combine_weight_grad(dy, rows, plan.row_of), "bytes", (P + T) * H * b2),
-        ("bwd dgrad GEMM2 + SwiGLU backward", lambda: ops.grouped_mm_dswiglu(d_rows, down, plan.offsets, h),
-         *gemm(I, H)),
+        ("bwd dgrad GEMM2", lambda: ops.grouped_mm(d_rows, None, 1, down, plan.offsets, False), *gemm(I, H)),
         ("bwd wgrad GEMM2", lambda: ops.grouped_mm_wgrad(d_rows, act, None, 1, plan.offsets), *gemm(I, H)),
+        ("bwd SwiGLU backward", lambda: ops.swiglu_backward(h, d_act), "bytes", P * (2 * I + I + 2 * I) * b2),
         ("bwd dgrad GEMM1", lambda: ops.grouped_mm(d_h, None, 1, gate_up, plan.offsets, False), *gemm(H, 2 * I)),
         ("bwd combine dx", lambda: ops.combine(d_xr, plan.row_of, plan.src_of_row, None), "bytes", (P + T) * H * b2),
         ("bwd wgrad GEMM1 (+ gather of x)",

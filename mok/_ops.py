@@ -100,16 +100,6 @@ def _grouped_mm_swiglu_fake(x, src_of_row, row_of, top_k, gate_up, offsets):
     return x.new_empty((R, N // 2)), x.new_empty((R, N))
 
 
-@torch.library.register_fake("mok::grouped_mm_down")
-def _grouped_mm_down_fake(act, h, down_proj, offsets):
-    return act.new_empty((act.shape[0], down_proj.shape[1]))
-
-
-@torch.library.register_fake("mok::grouped_mm_dswiglu")
-def _grouped_mm_dswiglu_fake(d_rows, down_proj, offsets, h):
-    return torch.empty_like(h)
-
-
 @torch.library.register_fake("mok::grouped_mm_wgrad")
 def _grouped_mm_wgrad_fake(a, b, b_gather, b_gather_div, offsets):
     return a.new_empty((offsets.shape[0] - 1, a.shape[1], b.shape[1]))
@@ -228,9 +218,6 @@ def _grouped_mm_swiglu_setup(ctx, inputs, output):
     _act, h = output
     ctx.save_for_backward(x, src_of_row, row_of, gate_up, offsets, h)
     ctx.top_k = top_k
-    # NOTE: behind grouped_mm_down, only h receives a gradient: leave grad_act None rather than a
-    # materialised tensor of zeros (a wasted SwiGLU backward pass).
-    ctx.set_materialize_grads(False)
 
 
 def _grouped_mm_swiglu_backward(ctx, grad_act, grad_h):
@@ -254,26 +241,6 @@ torch.library.register_autograd(
     "mok::grouped_mm_swiglu", _grouped_mm_swiglu_backward, setup_context=_grouped_mm_swiglu_setup
 )
 
-
-def _grouped_mm_down_setup(ctx, inputs, output):
-    act, h, down_proj, offsets = inputs
-    ctx.save_for_backward(act, h, down_proj, offsets)
-
-
-def _grouped_mm_down_backward(ctx, grad_rows):
-    act, h, down_proj, offsets = ctx.saved_tensors
-    grad_rows = grad_rows.contiguous()
-    d_h = d_down = None
-    if ctx.needs_input_grad[1]:  # SwiGLU backward fused into the dgrad GEMM
-        d_h = ops.grouped_mm_dswiglu(grad_rows, down_proj, offsets, h)
-    if ctx.needs_input_grad[2]:
-        d_down = ops.grouped_mm_wgrad(grad_rows, act, None, 1, offsets)
-    # act gets no gradient: it is swiglu(h), and the gradient went to h.
-    return None, d_h, d_down, None
-
-
-torch.library.register_autograd("mok::grouped_mm_down", _grouped_mm_down_backward, setup_context=_grouped_mm_down_setup)
-
 # Operators every test suite must opcheck (tests/test_opcheck.py fails if one is missing).
 ALL_OPS = (
     "route_topk",
@@ -287,8 +254,6 @@ ALL_OPS = (
     "grouped_mm",
     "grouped_mm_swiglu",
     "grouped_mm_wgrad",
-    "grouped_mm_down",
-    "grouped_mm_dswiglu",
     "quantize_fp8",
     "dequantize_fp8",
     "device_errors",

@@ -249,8 +249,8 @@ def _local_experts(recv, eid, gate_up, down):
     """The local experts on received rows [W * C, H] (slot expert ids eid [W * C], -1 = empty):
     each row its own token with K = 1; empty slots come out as zero rows."""
     plan = moe_plan(eid.view(-1, 1), gate_up.shape[0], skip_invalid=True)
-    act, h = ops.grouped_mm_swiglu(recv, plan.src_of_row, plan.row_of, 1, gate_up, plan.offsets)
-    rows = ops.grouped_mm_down(act, h, down, plan.offsets)
+    act, _h = ops.grouped_mm_swiglu(recv, plan.src_of_row, plan.row_of, 1, gate_up, plan.offsets)
+    rows = ops.grouped_mm(act, None, 1, down, plan.offsets, True)
     return ops.combine(rows, plan.row_of, plan.src_of_row, None)
 
 

@@ -156,8 +156,8 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
         plan = moe_plan(topk_idx, E, skip_invalid=skip_invalid)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     x = x.contiguous()
-    act, h = ops.grouped_mm_swiglu(x, plan.src_of_row, plan.row_of, K, gate_up_proj, plan.offsets)
-    rows = ops.grouped_mm_down(act, h, down_proj, plan.offsets)  # backward: SwiGLU fused into the dgrad
+    act, _h = ops.grouped_mm_swiglu(x, plan.src_of_row, plan.row_of, K, gate_up_proj, plan.offsets)
+    rows = ops.grouped_mm(act, None, 1, down_proj, plan.offsets, True)
     return ops.combine(rows, plan.row_of, plan.src_of_row, topk_w.to(acc).contiguous())
 
 

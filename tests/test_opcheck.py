@@ -20,7 +20,6 @@ def op_cases(device):
     rows = torch.randn(R, case.H, device=device)
     rows[plan.src_of_row < 0] = 0
     act = torch.randn(R, case.I, device=device)
-    h_act = torch.randn(R, 2 * case.I, device=device)
     logits = torch.randn(case.T, case.E, device=device)
     grad = lambda t: t.clone().requires_grad_(True)  # noqa: E731
     return {
@@ -38,8 +37,6 @@ def op_cases(device):
                        (grad(rows), None, 1, grad(down), plan.offsets, False)],
         "grouped_mm_swiglu": [(grad(x), plan.src_of_row, plan.row_of, case.K, grad(gate_up), plan.offsets)],
         "grouped_mm_wgrad": [(act, rows, None, 1, plan.offsets), (act, x, plan.src_of_row, case.K, plan.offsets)],
-        "grouped_mm_down": [(grad(act), grad(h_act), grad(down), plan.offsets)],
-        "grouped_mm_dswiglu": [(rows, down, plan.offsets, h_act)],
         "quantize_fp8": [(torch.randn(5, 200), r) for r in ("blockwise_1x128", "blockwise_128x128", "mxfp8")],
         "dequantize_fp8": [(*ops.quantize_fp8(torch.randn(5, 200), r), r)
                            for r in ("blockwise_1x128", "blockwise_128x128", "mxfp8")],

@@ -228,12 +228,9 @@ extern "C" int mok_grouped_gemm_cuda(const struct mok_grouped_gemm_args* args, c
     if (args->R == 0 || args->N == 0) {
         return 0;
     }
-    /* ---- the sm_90a wgmma kernel where it applies (bf16), the SIMT kernel otherwise ---- */
+    /* ---- the sm_90a wgmma kernel where it applies (bf16 NT), the SIMT kernel otherwise ---- */
     if (mok_grouped_gemm_sm90_supported(args)) {
         return mok_grouped_gemm_sm90(args, stream);
-    }
-    if (args->dswiglu_h != NULL) {
-        return MOK_ERR_ARG; /* the fused SwiGLU backward exists on the sm_90a kernel only */
     }
 
     /* ---- persistent grid over the [R, N] tile space ---- */

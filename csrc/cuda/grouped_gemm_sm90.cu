@@ -72,10 +72,10 @@ bool encode_store(CUtensorMap* map, const void* base, int64_t cols, int64_t rows
     return encode(map, base, 3, dims, strides, box);
 }
 
-template <bool kSwiGLU, bool kGather, bool kBMN, bool kWgrad = false, bool kDSw = false>
+template <bool kSwiGLU, bool kGather, bool kBMN, bool kWgrad = false>
 int launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_out, const CUtensorMap& tma_act,
            const mok_sm90::params& p, int num_sms, cudaStream_t stream) {
-    auto kernel = mok_sm90::grouped_gemm_bf16_nt_kernel<kSwiGLU, kGather, kBMN, kWgrad, kDSw>;
+    auto kernel = mok_sm90::grouped_gemm_bf16_nt_kernel<kSwiGLU, kGather, kBMN, kWgrad>;
     const int smem = (int)sizeof(mok_sm90::smem_layout) + 1024;
     static bool configured = false;
     if (!configured) {
@@ -97,8 +97,6 @@ extern "C" int mok_grouped_gemm_sm90_supported(const struct mok_grouped_gemm_arg
     const char* env = getenv("MOK_DISABLE_SM90");
     if ((env && env[0] && env[0] != '0') || a->dtype != MOK_BF16) return 0;
     if (!a->trans_b && a->swiglu_out) return 0; /* SwiGLU reads gate and up rows of a K-major weight */
-    /* dSwiGLU: the down projection's dgrad (NN, rows as they are) with h [R, 2N] */
-    if (a->dswiglu_h && (a->trans_b || a->a_gather || a->swiglu_out || (uintptr_t)a->dswiglu_h % 16)) return 0;
     if (a->Kd <= 0 || a->Kd % 8 || a->N % 8 || a->E < 1 || a->E > MOK_INT32_LIMIT) return 0;
     if (a->swiglu_out && (a->N / 2) % 8) return 0;
     if (a->a_gather && (a->a_gather_div < 1 || a->a_gather_div > MOK_INT32_LIMIT)) return 0;
@@ -124,7 +122,6 @@ extern "C" int mok_grouped_gemm_sm90(const struct mok_grouped_gemm_args* a, cuda
     p.num_n_tiles = swiglu ? mok_ceil_div(a->N / 2, mok_sm90::BN / 2) : mok_ceil_div(a->N, mok_sm90::BN);
     p.M = 0;
     p.wa = p.wb = NULL;
-    p.dsw_h = static_cast<const __nv_bfloat16*>(a->dswiglu_h);
     if (p.R == 0) return 0;
 
     const cuuint64_t row_bytes = (cuuint64_t)a->Kd * 2;
@@ -150,22 +147,16 @@ extern "C" int mok_grouped_gemm_sm90(const struct mok_grouped_gemm_args* a, cuda
         const cuuint32_t a_box[2] = {mok_sm90::BK, mok_sm90::BM};
         if (!encode(&tma_a, a->a, 2, a_dims, a_strides, a_box)) return MOK_ERR_ARG;
     }
-    /* ---- epilogue maps: out [R, N]; or h [R, 2, I] (gate | up) and act [R, I]; or d_h [R, 2, I] ---- */
+    /* ---- epilogue maps: out [R, N], or h [R, 2, I] (gate | up) and act [R, I] ---- */
     CUtensorMap tma_out, tma_act;
-    if (swiglu || a->dswiglu_h) {
+    if (swiglu) {
         /* NOTE: h as [R, 2, I], so that a gate box never spills into the up half when I % 64 != 0. */
-        const int64_t I = swiglu ? a->N / 2 : a->N;
+        const int64_t I = a->N / 2;
         const cuuint64_t h_dims[3] = {(cuuint64_t)I, 2, (cuuint64_t)a->R};
         const cuuint64_t h_strides[2] = {(cuuint64_t)I * 2, (cuuint64_t)a->N * 2};
         const cuuint32_t h_box[3] = {mok_sm90::MN_CHUNK, 1, 64};
-        const cuuint64_t h_strides_io[2] = {(cuuint64_t)I * 2, (cuuint64_t)I * 4};
-        if (!encode(&tma_out, a->out, 3, h_dims, swiglu ? h_strides : h_strides_io, h_box)) return MOK_ERR_ARG;
-        if (swiglu) {
-            if (!encode_store(&tma_act, a->swiglu_out, I, a->R, 1, I, I * a->R)) return MOK_ERR_ARG;
-        } else {
-            /* the dSwiGLU epilogue loads h's chunks through tma_act */
-            if (!encode(&tma_act, a->dswiglu_h, 3, h_dims, h_strides_io, h_box)) return MOK_ERR_ARG;
-        }
+        if (!encode(&tma_out, a->out, 3, h_dims, h_strides, h_box)) return MOK_ERR_ARG;
+        if (!encode_store(&tma_act, a->swiglu_out, I, a->R, 1, I, I * a->R)) return MOK_ERR_ARG;
     } else {
         if (!encode_store(&tma_out, a->out, a->N, a->R, 1, a->N, a->N * a->R)) return MOK_ERR_ARG;
         tma_act = tma_out;
@@ -175,7 +166,6 @@ extern "C" int mok_grouped_gemm_sm90(const struct mok_grouped_gemm_args* a, cuda
         return gather ? launch<true, true, false>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream)
                       : launch<true, false, false>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream);
     }
-    if (a->dswiglu_h) return launch<false, false, true, false, true>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream);
     if (!a->trans_b) {
         return gather ? launch<false, true, true>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream)
                       : launch<false, false, true>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream);

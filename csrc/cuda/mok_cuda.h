@@ -131,12 +131,8 @@ struct mok_grouped_gemm_args {
     const int32_t* offsets;    /* [E + 1], device */
     int64_t R, E, N, Kd;
     int trans_b;
-    void* out;                 /* [R, N]; with dswiglu_h: d_h [R, 2N] */
+    void* out;                 /* [R, N] */
     void* swiglu_out;          /* [R, N / 2] or NULL */
-    /* NN only, or NULL: h [R, 2N] of the forward SwiGLU; out becomes d_h = swiglu_backward(h, A B)
-     * with the product rounded to the storage type first (the sm_90a kernel's fused epilogue;
-     * mok_grouped_gemm_cuda refuses it where that kernel does not apply: compose it then). */
-    const void* dswiglu_h;
     int num_sms;               /* persistent grid size hint (0: query the device) */
 };
 /* CUDA: a persistent kernel; the SwiGLU epilogue is a second kernel on the same stream

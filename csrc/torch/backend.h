@@ -27,9 +27,7 @@ namespace mok {
                     const at::Tensor& b, const at::Tensor& offsets, bool trans_b, at::Tensor& out,                    \
                     at::Tensor* swiglu_out);                                                                          \
     void grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& b_gather,        \
-                          int64_t b_gather_div, const at::Tensor& offsets, at::Tensor& out);                          \
-    void grouped_mm_dswiglu(const at::Tensor& d_rows, const at::Tensor& down, const at::Tensor& offsets,              \
-                            const at::Tensor& h, at::Tensor& d_h);
+                          int64_t b_gather_div, const at::Tensor& offsets, at::Tensor& out);
 
 namespace cpu {
 MOK_BACKEND_DECLS

@@ -120,15 +120,6 @@ void grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, 
     });
 }
 
-// d_h = swiglu_backward(h, d_rows down[e]) with the product rounded to the storage type, exactly
-// the two ops in sequence (the CUDA kernel fuses them).
-void grouped_mm_dswiglu(const at::Tensor& d_rows, const at::Tensor& down, const at::Tensor& offsets,
-                        const at::Tensor& h, at::Tensor& d_h) {
-    at::Tensor d_act = at::empty({h.size(0), h.size(1) / 2}, h.options());
-    grouped_mm(d_rows, c10::nullopt, 1, down, offsets, false, d_act, nullptr);
-    swiglu_backward(h, d_act, d_h);
-}
-
 void grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& b_gather,
                       int64_t b_gather_div, const at::Tensor& offsets, at::Tensor& out) {
     const mok_dtype dt = to_mok_dtype(a, "mok.grouped_mm_wgrad", "a");

@@ -203,33 +203,6 @@ void grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, 
     check_status(mok_grouped_gemm_cuda(&g, stream_of(a)), "mok.grouped_mm");
 }
 
-void grouped_mm_dswiglu(const at::Tensor& d_rows, const at::Tensor& down, const at::Tensor& offsets,
-                        const at::Tensor& h, at::Tensor& d_h) {
-    c10::cuda::CUDAGuard guard(d_rows.device());
-    mok_grouped_gemm_args g{};
-    g.a = d_rows.data_ptr();
-    g.b = down.data_ptr();
-    g.a_gather_div = 1;
-    g.dtype = to_mok_dtype(d_rows, "mok.grouped_mm_dswiglu", "d_rows");
-    g.offsets = offsets.data_ptr<int32_t>();
-    g.R = h.size(0);
-    g.E = down.size(0);
-    g.N = h.size(1) / 2;
-    g.Kd = down.size(1);
-    g.trans_b = 0;
-    g.out = d_h.data_ptr();
-    g.dswiglu_h = h.data_ptr();
-    g.num_sms = num_sms(d_rows);
-    if (mok_grouped_gemm_sm90_supported(&g)) {
-        // One kernel: d_act stays in registers, the SwiGLU backward runs in the GEMM's epilogue.
-        check_status(mok_grouped_gemm_sm90(&g, stream_of(d_rows)), "mok.grouped_mm_dswiglu");
-        return;
-    }
-    at::Tensor d_act = at::empty({h.size(0), h.size(1) / 2}, h.options());
-    grouped_mm(d_rows, c10::nullopt, 1, down, offsets, false, d_act, nullptr);
-    swiglu_backward(h, d_act, d_h);
-}
-
 void grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& b_gather,
                       int64_t b_gather_div, const at::Tensor& offsets, at::Tensor& out) {
     c10::cuda::CUDAGuard guard(a.device());

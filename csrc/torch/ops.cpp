@@ -303,42 +303,6 @@ at::Tensor grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10:
     return out;
 }
 
-// GEMM2 of the expert MLP, rows = act down[e]^T, differentiated with respect to h (the SwiGLU input
-// that made act) instead of act: its backward runs the SwiGLU backward inside the dgrad GEMM's
-// epilogue (grouped_mm_dswiglu). h is only checked here.
-at::Tensor grouped_mm_down(const at::Tensor& act, const at::Tensor& h, const at::Tensor& down,
-                           const at::Tensor& offsets) {
-    const char* op = "mok.grouped_mm_down";
-    check_swiglu_h(h, op);
-    check_dim(act, 2, op, "act", "[rows, I]");
-    check_dtype(h, act.scalar_type(), op, "h");
-    check_same_device(h, act, op, "h", "act");
-    check_size(h, 0, act.size(0), op, "h", "rows of act");
-    check_size(h, 1, 2 * act.size(1), op, "h", "twice the width of act");
-    return grouped_mm(act, c10::nullopt, 1, down, offsets, true);
-}
-
-// d_h = swiglu_backward(h, d_rows down[e]): the dgrad of grouped_mm_down with the SwiGLU backward
-// fused (d_rows [R, H], down [E, H, I], h [R, 2I]).
-at::Tensor grouped_mm_dswiglu(const at::Tensor& d_rows, const at::Tensor& down, const at::Tensor& offsets,
-                              const at::Tensor& h) {
-    const char* op = "mok.grouped_mm_dswiglu";
-    auto d = check_grouped_mm(op, d_rows, c10::nullopt, 1, down, offsets, false);
-    check_swiglu_h(h, op);
-    check_dtype(h, d_rows.scalar_type(), op, "h");
-    check_same_device(h, d_rows, op, "h", "d_rows");
-    check_size(h, 0, d.R, op, "h", "rows of d_rows");
-    check_size(h, 1, 2 * d.N, op, "h", "twice the width of down_proj's I");
-    auto d_h = at::empty_like(h);
-    if (d_h.numel() == 0) return d_h;
-    if (d.Kd == 0 || d.E == 0) {
-        // No contraction: d_act is zero, and so is its SwiGLU backward.
-        return swiglu_backward(h, at::zeros({d.R, d.N}, h.options()));
-    }
-    MOK_DISPATCH(d_rows, grouped_mm_dswiglu, d_rows, down, offsets, h, d_h);
-    return d_h;
-}
-
 // Reads (and optionally clears) the error bits kernels reported since the last clear. A plain
 // host read of pinned memory: no synchronisation, so it sees the launches that have finished.
 int64_t device_errors(bool clear) {
@@ -373,8 +337,6 @@ TORCH_LIBRARY(mok, m) {
     m.def("grouped_mm_swiglu(Tensor x, Tensor src_of_row, Tensor row_of, int top_k, Tensor gate_up, "
           "Tensor offsets) -> (Tensor act, Tensor h)");
     m.def("grouped_mm_wgrad(Tensor a, Tensor b, Tensor? b_gather, int b_gather_div, Tensor offsets) -> Tensor");
-    m.def("grouped_mm_down(Tensor act, Tensor h, Tensor down_proj, Tensor offsets) -> Tensor");
-    m.def("grouped_mm_dswiglu(Tensor d_rows, Tensor down_proj, Tensor offsets, Tensor h) -> Tensor");
     m.def("device_errors(bool clear) -> int", &device_errors);
 }
 
@@ -389,9 +351,7 @@ TORCH_LIBRARY(mok, m) {
     m.impl("swiglu_backward", &swiglu_backward);                \
     m.impl("grouped_mm", &grouped_mm);                          \
     m.impl("grouped_mm_swiglu", &grouped_mm_swiglu);            \
-    m.impl("grouped_mm_wgrad", &grouped_mm_wgrad);                \
-    m.impl("grouped_mm_down", &grouped_mm_down);                  \
-    m.impl("grouped_mm_dswiglu", &grouped_mm_dswiglu)
+    m.impl("grouped_mm_wgrad", &grouped_mm_wgrad)
 
 TORCH_LIBRARY_IMPL(mok, CPU, m) { MOK_IMPL_ALL(m); }
 

@@ -9,9 +9,7 @@
  *   warpgroups 1, 2  consumers: wgmma m64n256k16 on 64 rows each, f32 accumulators in registers;
  *                    epilogue through shared memory: [64 x 64] bf16 chunks, two buffers per
  *                    warpgroup, each stored by TMA while the next is written (and while the next
- *                    tile's mainloop starts), plain, with the fused SwiGLU, or with the fused
- *                    SwiGLU backward (kDSw: the dgrad of the down projection, d_act = dy down[e],
- *                    leaves as d_h = [d_gate | d_up] of the saved h; d_act never reaches memory).
+ *                    tile's mainloop starts), plain or with the fused SwiGLU.
  *
  * Tile 128 x 256 x 64, kStages-deep shared-memory ring; full/empty mbarriers per stage.
  * The SwiGLU variant reads gate rows [n0, n0 + 128) and up rows [I + n0, I + n0 + 128) of the
@@ -70,7 +68,6 @@ struct smem_layout {
     __nv_bfloat16 epi[2][2][64 * 64]; /* [consumer warpgroup][buffer]: one TMA store box each */
     uint64_t full[kStages];
     uint64_t empty[kStages];
-    uint64_t epi_loaded[2]; /* dSwiGLU: h chunks TMA-loaded into a warpgroup's epi buffers */
 };
 static_assert(sizeof(smem_layout) + 1024 <= 227 * 1024, "shared memory budget of one CTA");
 static_assert((BM * BK * 2) % 1024 == 0 && (BN * BK * 2) % 1024 == 0, "stage buffers keep 1024-byte alignment");
@@ -91,8 +88,6 @@ struct params {
     int64_t M;
     const __nv_bfloat16* wa; /* [R, M] (its TMA map is tma_a) */
     const __nv_bfloat16* wb; /* [R, N] (its TMA map is tma_b) */
-    /* dSwiGLU variant: h [R, 2N] = [gate | up] of the forward; out is d_h [R, 2N]. */
-    const __nv_bfloat16* dsw_h;
 };
 
 __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* p, float x, float y) {
@@ -112,8 +107,7 @@ struct epi_stager {
     smem_layout* s;
     int wg, t;       /* warpgroup (0, 1) and thread in it */
     int row, quad;   /* accumulator row (of 64; and row + 8) and column pair of this thread */
-    uint32_t chunks;     /* chunks issued so far */
-    uint32_t load_phase; /* parity of the next epi_loaded phase (dSwiGLU) */
+    uint32_t chunks; /* chunks issued so far */
 };
 
 __device__ __forceinline__ epi_stager make_epi_stager(smem_layout& s, int wg, int t) {
@@ -124,7 +118,6 @@ __device__ __forceinline__ epi_stager make_epi_stager(smem_layout& s, int wg, in
     e.row = (t >> 5) * 16 + ((t & 31) >> 2);
     e.quad = t & 3;
     e.chunks = 0;
-    e.load_phase = 0;
     return e;
 }
 
@@ -263,19 +256,10 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
 /* ------------------------------------------------------------------------------------------------
  * consumers
  * ---------------------------------------------------------------------------------------------- */
-template <bool kSwiGLU, bool kDSw>
+template <bool kSwiGLU>
 __device__ __forceinline__ void store_zero_row(const params& p, int64_t row, int64_t n_tile, int lane4) {
     /* One thread writes its column pairs of one row of the tile. */
-    if (kDSw) {
-        const int64_t I = p.N;
-        for (int i = 0; i < BN / 8; ++i) {
-            const int64_t c = n_tile * BN + i * 8 + lane4 * 2;
-            if (c < I) {
-                store_bf16x2(p.out + row * 2 * I + c, 0.f, 0.f);
-                store_bf16x2(p.out + row * 2 * I + I + c, 0.f, 0.f);
-            }
-        }
-    } else if (kSwiGLU) {
+    if (kSwiGLU) {
         const int64_t I = p.N / 2;
         for (int i = 0; i < BN / 16; ++i) {
             const int64_t c = n_tile * (BN / 2) + i * 8 + lane4 * 2;
@@ -392,74 +376,7 @@ __device__ __forceinline__ void store_tile_tma(epi_stager& e, const params& p, c
     }
 }
 
-/* SwiGLU backward of one column pair: da0, da1 are d_act (accumulators, rounded to bf16 first as
- * the unfused path stores d_act), then the swiglu_backward arithmetic. */
-__device__ __forceinline__ void dswiglu_pair(float g0, float g1, float u0, float u1, float a0, float a1, float& dg0,
-                                             float& dg1, float& du0, float& du1) {
-    const float da0 = __bfloat162float(__float2bfloat16_rn(a0)), da1 = __bfloat162float(__float2bfloat16_rn(a1));
-    mok_swiglu_grad(g0, u0, da0, dg0, du0);
-    mok_swiglu_grad(g1, u1, da1, dg1, du1);
-}
-
-/* The same from h in global memory (the registers epilogue of unaligned segments). */
-__device__ __forceinline__ void dswiglu_pair_global(const params& p, int64_t row, int64_t c, float a0, float a1,
-                                                    float& dg0, float& dg1, float& du0, float& du1) {
-    const int64_t I = p.N;
-    const __nv_bfloat162 g = *reinterpret_cast<const __nv_bfloat162*>(p.dsw_h + row * 2 * I + c);
-    const __nv_bfloat162 u = *reinterpret_cast<const __nv_bfloat162*>(p.dsw_h + row * 2 * I + I + c);
-    dswiglu_pair(__bfloat162float(g.x), __bfloat162float(g.y), __bfloat162float(u.x), __bfloat162float(u.y), a0, a1,
-                 dg0, dg1, du0, du1);
-}
-
-/* TMA-store epilogue of the dSwiGLU variant. Per 64-column chunk of d_act: TMA loads the matching
- * gate and up chunks of h into the warpgroup's two buffers, each thread turns its positions into
- * d_gate and d_up in place (it alone touches them), and TMA stores both into d_h ([R, 2, I] map,
- * also the load map `tma_h`). */
-__device__ __forceinline__ void store_tile_dswiglu(epi_stager& e, const params& p, const float* acc, int64_t n_tile,
-                                                   int32_t row0, const CUtensorMap* tma_out, const CUtensorMap* tma_h) {
-    const int64_t I = p.N;
-#pragma unroll
-    for (int j = 0; j < BN / 64; ++j) {
-        const int32_t c = (int32_t)(n_tile * BN + 64 * j);
-        if (c >= I) break;
-        char* buf_g = reinterpret_cast<char*>(e.s->epi[e.wg][0]);
-        char* buf_u = reinterpret_cast<char*>(e.s->epi[e.wg][1]);
-        uint64_t* bar = &e.s->epi_loaded[e.wg];
-        /* ---- both buffers free (every earlier store has read them): load h's chunks ---- */
-        if (e.t == 0) {
-            bulk_wait_group_read<0>();
-            mbarrier_arrive_expect_tx(bar, 2 * MN_CHUNK_BYTES);
-            tma_load_3d(buf_g, tma_h, bar, c, 0, row0);
-            tma_load_3d(buf_u, tma_h, bar, c, 1, row0);
-        }
-        mbarrier_wait_parity(bar, e.load_phase);
-        e.load_phase ^= 1;
-#pragma unroll
-        for (int ci = 0; ci < 8; ++ci) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = e.row + 8 * h;
-                const int off = r * 128 + ((ci ^ (r & 7)) << 4) + e.quad * 4;
-                const __nv_bfloat162 g = *reinterpret_cast<const __nv_bfloat162*>(buf_g + off);
-                const __nv_bfloat162 u = *reinterpret_cast<const __nv_bfloat162*>(buf_u + off);
-                const int ia = (8 * j + ci) * 4 + 2 * h;
-                float dg0, dg1, du0, du1;
-                dswiglu_pair(__bfloat162float(g.x), __bfloat162float(g.y), __bfloat162float(u.x),
-                             __bfloat162float(u.y), acc[ia], acc[ia + 1], dg0, dg1, du0, du1);
-                store_bf16x2(reinterpret_cast<__nv_bfloat16*>(buf_g + off), dg0, dg1);
-                store_bf16x2(reinterpret_cast<__nv_bfloat16*>(buf_u + off), du0, du1);
-            }
-        }
-        /* NOTE: rows past R and columns past I hold TMA's zero fill; the store clips them. */
-        if (epi_ready(e)) {
-            tma_store_3d(tma_out, buf_g, c, 0, row0);
-            tma_store_3d(tma_out, buf_u, c, 1, row0);
-            bulk_commit_group();
-        }
-    }
-}
-
-template <bool kSwiGLU, bool kGather, bool kBMN, bool kDSw>
+template <bool kSwiGLU, bool kGather, bool kBMN>
 __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used, const CUtensorMap* tma_out,
                                         const CUtensorMap* tma_act) {
     const int wg = (threadIdx.x / 128) - 1; /* consumer warpgroup 0 or 1: rows wg * 64 .. + 64 */
@@ -481,7 +398,7 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
         /* ---- rows outside [offsets[0], rows in use) are zeros ---- */
         for (int h = 0; h < 2; ++h) {
             const int64_t row = tile.m0 + r_lo + 8 * h;
-            if (row < p.R && (row < off0 || row >= rows_used)) store_zero_row<kSwiGLU, kDSw>(p, row, tile.n_tile, lane4);
+            if (row < p.R && (row < off0 || row >= rows_used)) store_zero_row<kSwiGLU>(p, row, tile.n_tile, lane4);
         }
         if (!tile.in_use) continue;
         for (segment_walk w = segments_of(p, tile.m0, rows_used); w.e <= w.e_last; ++w.e) {
@@ -492,13 +409,7 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
             if (seg_lo <= tile.m0 && seg_hi >= tile_end) {
                 /* ---- epilogue: the whole tile is one segment (mok's plans): TMA stores ---- */
                 const int64_t row0 = tile.m0 + 64 * wg;
-                if (row0 < p.R) {
-                    if (kDSw) {
-                        store_tile_dswiglu(epi, p, acc, tile.n_tile, (int32_t)row0, tma_out, tma_act);
-                    } else {
-                        store_tile_tma<kSwiGLU>(epi, p, acc, tile.n_tile, (int32_t)row0, tma_out, tma_act);
-                    }
-                }
+                if (row0 < p.R) store_tile_tma<kSwiGLU>(epi, p, acc, tile.n_tile, (int32_t)row0, tma_out, tma_act);
                 continue;
             }
             /* ---- epilogue: rows of this segment only, from registers ---- */
@@ -506,18 +417,7 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
             for (int h = 0; h < 2; ++h) {
                 const int64_t row = tile.m0 + r_lo + 8 * h;
                 if (row < seg_lo || row >= seg_hi || row >= p.R) continue;
-                if (kDSw) {
-                    const int64_t I = p.N;
-#pragma unroll
-                    for (int i = 0; i < BN / 8; ++i) {
-                        const int64_t c = tile.n_tile * BN + i * 8 + lane4 * 2;
-                        if (c >= I) continue;
-                        float dg0, dg1, du0, du1;
-                        dswiglu_pair_global(p, row, c, acc[i * 4 + 2 * h], acc[i * 4 + 2 * h + 1], dg0, dg1, du0, du1);
-                        store_bf16x2(p.out + row * 2 * I + c, dg0, dg1);
-                        store_bf16x2(p.out + row * 2 * I + I + c, du0, du1);
-                    }
-                } else if (kSwiGLU) {
+                if (kSwiGLU) {
                     const int64_t I = p.N / 2;
 #pragma unroll
                     for (int i = 0; i < BN / 16; ++i) {
@@ -647,14 +547,13 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
     if (t == 0) bulk_wait_group<0>();
 }
 
-template <bool kSwiGLU, bool kGather, bool kBMN, bool kWgrad, bool kDSw>
+template <bool kSwiGLU, bool kGather, bool kBMN, bool kWgrad>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_bf16_nt_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                                 const __grid_constant__ CUtensorMap tma_out, const __grid_constant__ CUtensorMap tma_act,
                                 const params p) {
     static_assert(!kWgrad || (!kSwiGLU && !kGather && !kBMN), "the weight-gradient variant reads both operands by TMA");
     static_assert(!(kSwiGLU && kBMN), "the SwiGLU epilogue reads gate and up rows of a K-major weight");
-    static_assert(!kDSw || (kBMN && !kSwiGLU && !kWgrad), "the dSwiGLU epilogue belongs to the down projection's dgrad");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     /* NOTE: the 128B swizzle pattern is a function of address bits [9:4]: align the ring to 1024. */
     smem_layout& s = *reinterpret_cast<smem_layout*>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -666,8 +565,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbarrier_init(&s.full[i], kGather ? 1 + 128 : 1);
             mbarrier_init(&s.empty[i], 8);
         }
-        mbarrier_init(&s.epi_loaded[0], 1);
-        mbarrier_init(&s.epi_loaded[1], 1);
         fence_mbarrier_init();
         tma_prefetch_descriptor(&tma_b);
         if (!kGather) tma_prefetch_descriptor(&tma_a);
@@ -686,7 +583,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (kWgrad) {
             consume_wgrad(s, p, &tma_out);
         } else {
-            consume<kSwiGLU, kGather, kBMN, kDSw>(s, p, mok_rows_in_use(p.offsets, p.E, p.R), &tma_out, &tma_act);
+            consume<kSwiGLU, kGather, kBMN>(s, p, mok_rows_in_use(p.offsets, p.E, p.R), &tma_out, &tma_act);
         }
     }
 }

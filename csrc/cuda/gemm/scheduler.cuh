@@ -1,10 +1,15 @@
 /*
  * Persistent tile scheduler of mok's grouped GEMMs.
  *
- * Tile space: num_groups x num_m_tiles x num_n_tiles, walked with the linear index
- *   linear = (group * num_m_tiles + m_tile) * num_n_tiles + n_tile
- * (n fastest, so the CTAs that run at the same time share the A rows of an M-tile). CTA b takes
- * tiles b, b + gridDim.x, b + 2 * gridDim.x, ... (static round robin: deterministic, no atomics).
+ * Tile space: num_groups x num_m_tiles x num_n_tiles. Inside a group the tiles are walked in bands
+ * of MOK_SCHED_BAND M-tiles, M fastest inside a band:
+ *   linear = group * (num_m_tiles * num_n_tiles) + band * (MOK_SCHED_BAND * num_n_tiles)
+ *            + n_tile * rows_of_band + (m_tile - band * MOK_SCHED_BAND)
+ * so the CTAs that run at the same time (one wave: about as many tiles as SMs) cover a block of
+ * about 16 M-tiles x (SMs / 16) N-tiles and share both operands through L2. (N fastest over whole
+ * rows re-read the full weight of an expert for every M-tile when N is large: Mixtral's GEMM1,
+ * N = 2I = 28672, ran DRAM-bound that way.) CTA b takes tiles b, b + gridDim.x, ... (static round
+ * robin: deterministic, no atomics).
  *
  * Forward / dgrad GEMMs walk the plan's row space: one group, M-tiles over the R rows. The number
  * of rows in use, offsets[E], lives in device memory and is read here on the device (no host sync);
@@ -19,6 +24,8 @@
 
 #include <stdint.h>
 #include <cuda_runtime.h>
+
+enum { MOK_SCHED_BAND = 16 }; /* M-tiles per band of the walk */
 
 struct mok_tile_sched {
     int64_t num_groups, num_m_tiles, num_n_tiles, num_tiles;
@@ -86,10 +93,15 @@ __device__ __forceinline__ bool mok_sched_next_tile(struct mok_tile_sched* s, st
     }
     const int64_t linear = s->next;
     s->next += s->stride;
-    t->n_tile = linear % s->num_n_tiles;
-    const int64_t gm = linear / s->num_n_tiles;
-    t->m_tile = gm % s->num_m_tiles;
-    t->group = gm / s->num_m_tiles;
+    const int64_t per_group = s->num_m_tiles * s->num_n_tiles;
+    t->group = linear / per_group;
+    const int64_t in_group = linear % per_group;
+    const int64_t per_band = (int64_t)MOK_SCHED_BAND * s->num_n_tiles;
+    const int64_t band = in_group / per_band, in_band = in_group % per_band;
+    const int64_t first_m = band * MOK_SCHED_BAND;
+    const int64_t rows_of_band = s->num_m_tiles - first_m < MOK_SCHED_BAND ? s->num_m_tiles - first_m : MOK_SCHED_BAND;
+    t->m_tile = first_m + in_band % rows_of_band;
+    t->n_tile = in_band / rows_of_band;
     t->m0 = t->m_tile * s->tile_m;
     t->in_use = t->m0 < s->rows_used ? 1 : 0;
     return true;
