@@ -218,6 +218,9 @@ def _grouped_mm_swiglu_setup(ctx, inputs, output):
     _act, h = output
     ctx.save_for_backward(x, src_of_row, row_of, gate_up, offsets, h)
     ctx.top_k = top_k
+    # NOTE: h is returned for backward, and rarely used downstream: leave its gradient None rather
+    # than a materialised [R, 2I] tensor of zeros (an allocation, a fill and an extra add pass).
+    ctx.set_materialize_grads(False)
 
 
 def _grouped_mm_swiglu_backward(ctx, grad_act, grad_h):
