@@ -22,6 +22,7 @@ def main(src, dst):
             ax.bar([j + i * width for j in range(len(shapes))], vals, width, label=impl)
     for ax, title in zip(axes, ("forward (ms, lower is better)", "forward + backward (ms, lower is better)")):
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))], shapes)
+        ax.tick_params(axis="x", labelrotation=12)
         ax.set_title(title)
         ax.legend()
     fig.suptitle("MoE experts layer on one H200, bf16, balanced routing")
