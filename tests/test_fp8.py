@@ -1,5 +1,6 @@
 """FP8 quantisation (CPU ops on the C core) against mok.reference, an independent implementation
-with torch's float8 dtypes: bit-exact codes and scales, on random and edge-case blocks."""
+with torch's float8 dtypes: bit-exact codes and scales, on random and edge-case blocks; and the CUDA
+kernels against the C core, bit for bit."""
 import pytest
 import torch
 
@@ -74,3 +75,34 @@ def test_bad_recipe_and_shapes():
     q, s = mok.fp8.quantize(torch.randn(4, 40), "mxfp8")
     with pytest.raises(ValueError, match="scales must have shape"):
         mok.fp8.dequantize(q, s[:, :1].contiguous(), "mxfp8")
+
+
+def _inputs_with_edge_blocks(shape, dtype):
+    x = torch.randn(*shape) * torch.logspace(-20, 20, shape[0] or 1)[: shape[0], None]
+    x.view(-1)[::7] = 0
+    if shape[0] >= 5 and shape[1] >= 64:
+        x[0] = 0  # all-zero blocks
+        x[1, 3] = float("inf")
+        x[2, shape[1] // 2] = float("nan")
+        x[3, :64] = torch.tensor([448.0, -448.0, 1e30, -1e30] * 16)  # saturation
+        x[4, :64] = torch.tensor([448.0, 2.0**-7, -(2.0**-8), 3 * 2.0**-10] * 16)  # subnormal codes, a tie
+    return x.to(dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16, torch.float64])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 130), (129, 256), (200, 77), (300, 1000), (6, 4096), (0, 64)])
+def test_cuda_quantize_matches_c_core_bit_for_bit(recipe, dtype, shape):
+    x = _inputs_with_edge_blocks(shape, dtype)
+    q, s = mok.fp8.quantize(x, recipe)
+    qc, sc = mok.fp8.quantize(x.cuda(), recipe)
+    assert qc.is_cuda and qc.dtype == q.dtype and sc.dtype == s.dtype and sc.shape == s.shape
+    assert torch.equal(qc.cpu().view(torch.uint8), q.view(torch.uint8)), "codes differ"
+    if s.dtype == torch.uint8:
+        assert torch.equal(sc.cpu(), s), "E8M0 scales differ"
+    else:
+        assert torch.equal(sc.cpu().view(torch.int32), s.view(torch.int32)), "scales differ (bitwise)"
+    y = mok.fp8.dequantize(q, s, recipe)
+    yc = mok.fp8.dequantize(qc, sc, recipe)
+    torch.testing.assert_close(yc.cpu(), y, rtol=0, atol=0, equal_nan=True)

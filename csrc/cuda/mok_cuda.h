@@ -152,6 +152,31 @@ struct mok_grouped_gemm_wgrad_args {
 };
 int mok_grouped_gemm_wgrad_cuda(const struct mok_grouped_gemm_wgrad_args* args, cudaStream_t stream);
 
+/* FP8 E4M3 block quantisation (mok_quantize_* in mok_core.h, bit-exact with it). */
+enum mok_fp8_recipe {
+    MOK_FP8_BLOCKWISE_1X128 = 0,   /* fp32 scales [M, ceil(N / 128)] */
+    MOK_FP8_BLOCKWISE_128X128 = 1, /* fp32 scales [ceil(M / 128), ceil(N / 128)] */
+    MOK_FP8_MXFP8 = 2,             /* E8M0 codes [M, ceil(N / 32)] */
+};
+struct mok_quantize_fp8_args {
+    const void* x; /* [M, N] */
+    mok_dtype dtype;
+    int64_t M, N;
+    int recipe;    /* mok_fp8_recipe */
+    uint8_t* q;    /* [M, N] E4M3 codes */
+    void* scales;  /* float or uint8, by recipe */
+};
+int mok_quantize_fp8_cuda(const struct mok_quantize_fp8_args* args, cudaStream_t stream);
+
+struct mok_dequantize_fp8_args {
+    const uint8_t* q;
+    const void* scales;
+    int64_t M, N;
+    int recipe;
+    float* y;      /* [M, N] */
+};
+int mok_dequantize_fp8_cuda(const struct mok_dequantize_fp8_args* args, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

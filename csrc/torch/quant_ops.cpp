@@ -1,18 +1,26 @@
-// FP8 quantisation ops (CPU, on the C core): the numerics of mok's FP8 recipes, bit-exact, for
-// tests and CPU training. Recipes: "blockwise_1x128" (activations), "blockwise_128x128" (weights),
-// both E4M3 with fp32 scales (DeepSeek-V3), and "mxfp8" (E4M3, 1x32 blocks, E8M0 scales, RCEIL).
-// Each quantises along the last dimension (the GEMM's K); a column-wise copy is the quantisation of
-// the transposed tensor. The CUDA quantisers come with the FP8 GEMMs.
+// FP8 quantisation ops: the numerics of mok's FP8 recipes, on the C core (CPU) and on the CUDA
+// kernels of csrc/cuda/quantize_fp8.cu, bit-exact with each other. Recipes: "blockwise_1x128"
+// (activations), "blockwise_128x128" (weights), both E4M3 with fp32 scales (DeepSeek-V3), and
+// "mxfp8" (E4M3, 1x32 blocks, E8M0 scales, RCEIL). Each quantises along the last dimension (the
+// GEMM's K); a column-wise copy is the quantisation of the transposed tensor.
 #include <torch/library.h>
 
 #include <string>
+
+#ifdef MOK_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "../cuda/mok_cuda.h"
+#endif
 
 #include "checks.h"
 
 namespace mok {
 namespace {
 
-enum class Recipe { kBlock1x128, kBlock128x128, kMx };
+// Values match mok_fp8_recipe (csrc/cuda/mok_cuda.h).
+enum class Recipe { kBlock1x128 = 0, kBlock128x128 = 1, kMx = 2 };
 
 Recipe parse_recipe(const std::string& r, const char* op) {
     if (r == "blockwise_1x128") return Recipe::kBlock1x128;
@@ -43,6 +51,21 @@ std::tuple<at::Tensor, at::Tensor> quantize_fp8(const at::Tensor& x, c10::string
     if (x.numel() == 0) return {q, scales};
     auto* qp = static_cast<uint8_t*>(q.data_ptr());
     int st = MOK_OK;
+#ifdef MOK_WITH_CUDA
+    if (x.is_cuda()) {
+        c10::cuda::CUDAGuard guard(x.device());
+        mok_quantize_fp8_args a{};
+        a.x = x.data_ptr();
+        a.dtype = dt;
+        a.M = M;
+        a.N = N;
+        a.recipe = static_cast<int>(r);
+        a.q = qp;
+        a.scales = scales.data_ptr();
+        check_status(mok_quantize_fp8_cuda(&a, at::cuda::getCurrentCUDAStream(x.device().index()).stream()), op);
+        return {q, scales};
+    }
+#endif
     switch (r) {
         case Recipe::kBlock1x128:
             st = mok_quantize_blockwise_1xb(x.data_ptr(), dt, M, N, B, qp, scales.data_ptr<float>());
@@ -75,6 +98,21 @@ at::Tensor dequantize_fp8(const at::Tensor& q, const at::Tensor& scales, c10::st
     if (q.numel() == 0) return y;
     const auto* qp = static_cast<const uint8_t*>(q.data_ptr());
     int st = MOK_OK;
+#ifdef MOK_WITH_CUDA
+    if (q.is_cuda()) {
+        check_same_device(scales, q, op, "scales", "q");
+        c10::cuda::CUDAGuard guard(q.device());
+        mok_dequantize_fp8_args a{};
+        a.q = qp;
+        a.scales = scales.data_ptr();
+        a.M = M;
+        a.N = N;
+        a.recipe = static_cast<int>(r);
+        a.y = y.data_ptr<float>();
+        check_status(mok_dequantize_fp8_cuda(&a, at::cuda::getCurrentCUDAStream(q.device().index()).stream()), op);
+        return y;
+    }
+#endif
     switch (r) {
         case Recipe::kBlock1x128:
             st = mok_dequantize_blockwise_1xb(qp, scales.data_ptr<float>(), M, N, B, y.data_ptr<float>());
@@ -101,5 +139,12 @@ TORCH_LIBRARY_IMPL(mok, CPU, m) {
     m.impl("quantize_fp8", &quantize_fp8);
     m.impl("dequantize_fp8", &dequantize_fp8);
 }
+
+#ifdef MOK_WITH_CUDA
+TORCH_LIBRARY_IMPL(mok, CUDA, m) {
+    m.impl("quantize_fp8", &quantize_fp8);
+    m.impl("dequantize_fp8", &dequantize_fp8);
+}
+#endif
 
 }  // namespace mok

@@ -1,0 +1,55 @@
+"""FP8 quantisers against the device copy ceiling: mok.fp8.quantize for each recipe and a plain
+copy of the same tensor (x.clone()), in one run on the same input, as TB/s of bytes read + written.
+
+    python benchmarks/bench_quant.py                 # on the GPU
+    python benchmarks/bench_quant.py --quick         # CPU smoke test
+
+Bytes counted: the bf16 input once, the E4M3 codes and the scales once (the copy: the input read
+and written once). The L2 is flushed between timed calls."""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+import mok  # noqa: E402
+from benchmarks import common  # noqa: E402
+
+# name -> [M, N]: activations of the DeepSeek-V3 slice (T*K rows of H = 7168) and a weight.
+SHAPES = {"act_dsv3": (65536, 7168), "act_qwen3": (131072, 2048), "weight_mixtral": (28672, 4096)}
+QUICK_SHAPES = {"tiny": (256, 384)}
+COLUMNS = [("shape", "shape", ""), ("impl", "impl", ""), ("M", "M", ""), ("N", "N", ""), ("ms", "ms", ".3f"),
+           ("tbps", "TB/s", ".2f"), ("vs_copy", "vs copy", ".2f")]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common.add_common_args(p, "bench_quant", iters=20, warmup=3)
+    args = p.parse_args(argv)
+    dev = common.pick_device(args.device)
+    env = common.environment(dev)
+    common.print_environment(env)
+    rows = []
+    for name, (M, N) in (QUICK_SHAPES if args.quick else SHAPES).items():
+        x = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
+        copy = common.bench(lambda _i: x.clone(), dev, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2)
+        copy_tbps = 4 * M * N / copy["median_ms"] / 1e9
+        rows.append(dict(shape=name, impl="copy", M=M, N=N, ms=copy["median_ms"], tbps=copy_tbps, vs_copy=1.0))
+        for recipe in mok.fp8.RECIPES:
+            q, s = mok.fp8.quantize(x, recipe)
+            nbytes = 2 * M * N + q.numel() + s.numel() * s.element_size()
+            t = common.bench(lambda _i: mok.fp8.quantize(x, recipe), dev, iters=args.iters, warmup=args.warmup,
+                             flush_l2=args.flush_l2)
+            tbps = nbytes / t["median_ms"] / 1e9
+            rows.append(dict(shape=name, impl=recipe, M=M, N=N, ms=t["median_ms"], tbps=tbps, vs_copy=tbps / copy_tbps))
+        del x
+        common.free_memory(dev)
+    print("\n" + common.format_table(rows, COLUMNS))
+    common.write_results(args.out, env, rows, COLUMNS, "FP8 quantisers against the copy ceiling",
+                         ["TB/s = (bf16 input + E4M3 codes + scales) bytes / time; copy: 2 x input bytes."])
+
+
+if __name__ == "__main__":
+    main()
