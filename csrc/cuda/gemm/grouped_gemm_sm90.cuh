@@ -18,7 +18,8 @@
  *
  * Tiles straddling experts (plans whose row tile is not a multiple of 128) are run once per
  * expert segment, each pass storing only the segment's rows straight from registers; mok's own
- * CUDA plans are 128-aligned, so that is one pass per tile, stored by TMA. Rows outside [offsets[0], offsets[E]) are written as 0.
+ * CUDA plans are 128-aligned, so that is one pass per tile, stored by TMA. Rows outside
+ * [offsets[0], offsets[E]) are written as 0.
  *
  * The weight-gradient variant (kWgrad) reuses the pipeline with one tile group per expert and the
  * expert's rows as the contraction: out[e] = a[rows of e, :]^T b[rows of e, :] with a [R, M] and
@@ -98,10 +99,10 @@ __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* p, float x, float y)
 }
 
 /* ------------------------------------------------------------------------------------------------
- * TMA-store epilogue of one consumer warpgroup (every store map is 3-D: the instruction's rank
- * must match the map's): its 64 rows of the tile leave in [64 x 64] bf16
+ * TMA-store epilogue of one consumer warpgroup: its 64 rows of the tile leave in [64 x 64] bf16
  * chunks through two shared-memory buffers. Chunk c uses buffer c % 2; before it is rewritten, the
  * store issued two chunks earlier must have read it. Thread 0 of the warpgroup issues the stores.
+ * Every store map is 3-D (a TMA instruction's rank must match its map's).
  * ---------------------------------------------------------------------------------------------- */
 struct epi_stager {
     smem_layout* s;
@@ -277,8 +278,6 @@ __device__ __forceinline__ void store_zero_row(const params& p, int64_t row, int
     }
 }
 
-/* The mainloop of one tile: wait for each K-block's stage, 4 wgmma k16 steps on it; the stage of
- * the previous K-block is released once its wgmma group has retired (one group stays in flight). */
 /* Descriptor of the k16-th K step of an operand tile at smem_addr. */
 template <bool kMN>
 __device__ __forceinline__ uint64_t operand_desc(uint32_t smem_addr, int k16) {
@@ -288,6 +287,8 @@ __device__ __forceinline__ uint64_t operand_desc(uint32_t smem_addr, int k16) {
                : wgmma_desc_kmajor_sw128(smem_addr + k16 * 32);
 }
 
+/* The mainloop of one tile: wait for each K-block's stage, 4 wgmma k16 steps on it; the stage of
+ * the previous K-block is released once its wgmma group has retired (one group stays in flight). */
 template <bool kGather, bool kAMN, bool kBMN>
 __device__ __forceinline__ void consume_kblocks(smem_layout& s, float* acc, int64_t num_kb, uint32_t& stage,
                                                 uint32_t& phase, int wg, int lane) {
