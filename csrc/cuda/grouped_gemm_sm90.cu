@@ -53,23 +53,21 @@ bool is_hopper() {
     return major == 9;
 }
 
-/* An N-major (MN-major) operand [outer, K, N] (N contiguous) read as [64 N][64 K] chunks. */
-bool encode_mn_major(CUtensorMap* map, const void* base, int64_t N, int64_t K, int64_t outer) {
-    const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)K, (cuuint64_t)outer};
-    const cuuint64_t strides[2] = {(cuuint64_t)N * 2, (cuuint64_t)(N * K) * 2};
+/* [64 rows][64 columns] boxes of a [outer, rows, cols] tensor with row stride `row_elems`
+ * (cols <= row_elems: a column slice of wider rows) and outer stride `outer_elems`: the MN-major
+ * operand chunks ([64 K][64 M or N]) and the epilogue's store boxes alike. */
+bool encode_chunks(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t outer, int64_t row_elems,
+                   int64_t outer_elems) {
+    static_assert(mok_sm90::MN_CHUNK == 64 && mok_sm90::BK == 64, "one box shape serves loads and stores");
+    const cuuint64_t dims[3] = {(cuuint64_t)cols, (cuuint64_t)rows, (cuuint64_t)outer};
+    const cuuint64_t strides[2] = {(cuuint64_t)row_elems * 2, (cuuint64_t)outer_elems * 2};
     const cuuint32_t box[3] = {mok_sm90::MN_CHUNK, mok_sm90::BK, 1};
     return encode(map, base, 3, dims, strides, box);
 }
 
-/* The epilogue's store boxes: [64 rows][64 columns] of a [outer, rows, cols] tensor with row
- * stride `row_elems` (cols <= row_elems: a column slice of wider rows) and outer stride
- * `outer_elems`. */
-bool encode_store(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t outer, int64_t row_elems,
-                  int64_t outer_elems) {
-    const cuuint64_t dims[3] = {(cuuint64_t)cols, (cuuint64_t)rows, (cuuint64_t)outer};
-    const cuuint64_t strides[2] = {(cuuint64_t)row_elems * 2, (cuuint64_t)outer_elems * 2};
-    const cuuint32_t box[3] = {mok_sm90::MN_CHUNK, 64, 1};
-    return encode(map, base, 3, dims, strides, box);
+/* An N-major (MN-major) operand [outer, K, N] (N contiguous). */
+bool encode_mn_major(CUtensorMap* map, const void* base, int64_t N, int64_t K, int64_t outer) {
+    return encode_chunks(map, base, N, K, outer, N, N * K);
 }
 
 template <bool kSwiGLU, bool kGather, bool kBMN, bool kWgrad = false>
@@ -156,9 +154,9 @@ extern "C" int mok_grouped_gemm_sm90(const struct mok_grouped_gemm_args* a, cuda
         const cuuint64_t h_strides[2] = {(cuuint64_t)I * 2, (cuuint64_t)a->N * 2};
         const cuuint32_t h_box[3] = {mok_sm90::MN_CHUNK, 1, 64};
         if (!encode(&tma_out, a->out, 3, h_dims, h_strides, h_box)) return MOK_ERR_ARG;
-        if (!encode_store(&tma_act, a->swiglu_out, I, a->R, 1, I, I * a->R)) return MOK_ERR_ARG;
+        if (!encode_chunks(&tma_act, a->swiglu_out, I, a->R, 1, I, I * a->R)) return MOK_ERR_ARG;
     } else {
-        if (!encode_store(&tma_out, a->out, a->N, a->R, 1, a->N, a->N * a->R)) return MOK_ERR_ARG;
+        if (!encode_chunks(&tma_out, a->out, a->N, a->R, 1, a->N, a->N * a->R)) return MOK_ERR_ARG;
         tma_act = tma_out;
     }
     const int num_sms = a->num_sms > 0 ? a->num_sms : mok_num_sms();
@@ -205,7 +203,7 @@ extern "C" int mok_grouped_gemm_wgrad_sm90(const void* a, const void* b, const i
     if (!encode_mn_major(&tma_a, a, M, R, 1)) return MOK_ERR_ARG;
     if (!encode_mn_major(&tma_b, b, N, R, 1)) return MOK_ERR_ARG;
     CUtensorMap tma_out;
-    if (!encode_store(&tma_out, out, N, M, E, N, M * N)) return MOK_ERR_ARG;
+    if (!encode_chunks(&tma_out, out, N, M, E, N, M * N)) return MOK_ERR_ARG;
     return launch<false, false, false, true>(tma_a, tma_b, tma_out, tma_out, p, num_sms > 0 ? num_sms : mok_num_sms(),
                                              stream);
 }
