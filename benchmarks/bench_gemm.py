@@ -160,11 +160,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     common.add_common_args(p, "bench_gemm", iters=50, warmup=10)
     args = p.parse_args(argv)
-    if args.quick:
-        args.iters, args.warmup = min(args.iters, 3), min(args.warmup, 1)
-    dev = common.pick_device(args.device)
-    env = common.environment(dev)
-    common.print_environment(env)
+    dev, env = common.start_run(args)
     results: List[Result] = []
     for cfg in get_configs(args.shapes.split(","), args.gemms.split(","), args.quick):
         results += run(cfg, args)

@@ -216,12 +216,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     common.add_common_args(p, "bench_moe_layer")
     args = p.parse_args(argv)
-    if args.quick:
-        args.iters, args.warmup = min(args.iters, 3), min(args.warmup, 1)
-
-    dev = common.pick_device(args.device)
-    env = common.environment(dev)
-    common.print_environment(env)
+    dev, env = common.start_run(args)
     configs = get_configs(args.shapes.split(","), args.routing.split(","), args.quick)
 
     wanted = args.impls.split(",")

@@ -28,9 +28,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common.add_common_args(p, "bench_quant", iters=20, warmup=3)
     args = p.parse_args(argv)
-    dev = common.pick_device(args.device)
-    env = common.environment(dev)
-    common.print_environment(env)
+    dev, env = common.start_run(args)
     rows = []
     for name, (M, N) in (QUICK_SHAPES if args.quick else SHAPES).items():
         x = torch.randn(M, N, device=dev, dtype=torch.bfloat16)

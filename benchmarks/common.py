@@ -203,6 +203,17 @@ def print_environment(env: Dict[str, object]) -> None:
     print(flush=True)
 
 
+def start_run(args: argparse.Namespace):
+    """The start of every benchmark that took add_common_args: --quick keeps at most 3 timed calls
+    and 1 warm-up; picks the device and prints the environment. Returns (device, environment)."""
+    if args.quick:
+        args.iters, args.warmup = min(args.iters, 3), min(args.warmup, 1)
+    dev = pick_device(args.device)
+    env = environment(dev)
+    print_environment(env)
+    return dev, env
+
+
 def add_common_args(p: argparse.ArgumentParser, script: str, iters: int = 20, warmup: int = 5) -> None:
     p.add_argument("--iters", type=int, default=iters, help="timed calls per measurement (median reported)")
     p.add_argument("--warmup", type=int, default=warmup, help="untimed calls before timing")
