@@ -46,6 +46,27 @@
 
 namespace mok_sm90 {
 
+/* Cycle counters of one consumer thread per CTA (thread 128), summed over CTAs: compiled in only
+ * by benchmarks/sm90_gemm_timing.cu (-DMOK_SM90_TIMING) to see where a tile's time goes besides
+ * its K-blocks. Slots: TIMING_* below. */
+enum { TIMING_TILES, TIMING_SETUP, TIMING_MAINLOOP, TIMING_FULL_WAIT, TIMING_DRAIN, TIMING_EPILOGUE, TIMING_SLOTS };
+#ifdef MOK_SM90_TIMING
+__device__ unsigned long long timing[TIMING_SLOTS];
+#define MOK_TIMING_NOW() clock64()
+#define MOK_TIMING_ADD(slot, since)                                                                      \
+    do {                                                                                                \
+        if (threadIdx.x == 128) atomicAdd(&timing[slot], (unsigned long long)(clock64() - (since)));   \
+    } while (0)
+#define MOK_TIMING_COUNT(slot)                                 \
+    do {                                                       \
+        if (threadIdx.x == 128) atomicAdd(&timing[slot], 1ull); \
+    } while (0)
+#else
+#define MOK_TIMING_NOW() 0ll
+#define MOK_TIMING_ADD(slot, since) ((void)(since))
+#define MOK_TIMING_COUNT(slot) ((void)0)
+#endif
+
 enum {
     BM = 128,
     BN = 256,
@@ -60,6 +81,7 @@ enum {
     MN_CHUNK = 64,                        /* MN-major: values per 128-byte swizzle row */
     MN_CHUNK_ELEMS = MN_CHUNK * BK,       /* one [64 K][64 MN] chunk */
     MN_CHUNK_BYTES = MN_CHUNK_ELEMS * 2,  /* 8 KiB: the leading byte offset of MN-major descriptors */
+    kSmemOffsets = 384,                   /* plan offsets kept in shared memory when E + 1 <= this */
 };
 
 /* Shared memory of one CTA; the tile buffers come first so each is 1024-byte aligned (128B swizzle). */
@@ -69,6 +91,7 @@ struct smem_layout {
     __nv_bfloat16 epi[2][2][64 * 64]; /* [consumer warpgroup][buffer]: one TMA store box each */
     uint64_t full[kStages];
     uint64_t empty[kStages];
+    int32_t offsets[kSmemOffsets]; /* copy of p.offsets: the per-tile expert lookups read it */
 };
 static_assert(sizeof(smem_layout) + 1024 <= 227 * 1024, "shared memory budget of one CTA");
 static_assert((BM * BK * 2) % 1024 == 0 && (BN * BK * 2) % 1024 == 0, "stage buffers keep 1024-byte alignment");
@@ -156,14 +179,23 @@ __device__ __forceinline__ __nv_bfloat16* epi_stage_acc(epi_stager& e, const flo
     return buf;
 }
 
+/* The plan offsets [E + 1] the tile walk reads: the shared-memory copy when it fits.
+ * NOTE: a tile's expert lookup is a binary search; over global memory (with 64-bit scheduler
+ * divisions) the consumers' tile setup took about 1.5 us per tile, measured, with the tensor
+ * cores idle; 1.0 us with this copy and 32-bit divisions. */
+__device__ __forceinline__ const int32_t* plan_offsets(const smem_layout& s, const params& p) {
+    return p.E + 1 <= kSmemOffsets ? s.offsets : p.offsets;
+}
+
 /* Walk of the expert segments of a tile: experts whose rows intersect [m0, m0 + BM). */
 struct segment_walk {
     int32_t e, e_last;
 };
 
-__device__ __forceinline__ segment_walk segments_of(const params& p, int64_t m0, int64_t rows_used) {
+__device__ __forceinline__ segment_walk segments_of(const params& p, const int32_t* offs, int64_t m0,
+                                                    int64_t rows_used) {
     segment_walk w;
-    const int64_t off0 = p.offsets[0];
+    const int64_t off0 = offs[0];
     const int64_t first = m0 < off0 ? off0 : m0;
     int64_t last = m0 + BM - 1;
     last = last >= rows_used ? rows_used - 1 : last;
@@ -172,8 +204,10 @@ __device__ __forceinline__ segment_walk segments_of(const params& p, int64_t m0,
         w.e_last = 0;
         return w;
     }
-    w.e = (int32_t)mok_expert_of_row(p.offsets, p.E, first);
-    w.e_last = (int32_t)mok_expert_of_row(p.offsets, p.E, last);
+    /* one search; the last row's expert by walking on (mok's plans: no step, tiles never straddle) */
+    w.e = (int32_t)mok_expert_of_row(offs, p.E, first);
+    w.e_last = w.e;
+    while (w.e_last + 1 < p.E && (int64_t)offs[w.e_last + 1] <= last) ++w.e_last;
     return w;
 }
 
@@ -184,6 +218,7 @@ template <bool kSwiGLU, bool kGather, bool kBMN>
 __device__ __forceinline__ void produce(smem_layout& s, const params& p, const CUtensorMap* tma_a,
                                         const CUtensorMap* tma_b, int64_t rows_used) {
     const int tid = threadIdx.x; /* 0..127 */
+    const int32_t* offs = plan_offsets(s, p);
     const int64_t num_kb = (p.Kd + BK - 1) / BK;
     uint32_t stage = 0, phase = 0;
     mok_tile_sched sched;
@@ -205,8 +240,8 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
                 rows[j] = src >= 0 ? p.a + (int64_t)(src / p.a_gather_div) * p.Kd + (tid & 7) * 8 : nullptr;
             }
         }
-        for (segment_walk w = segments_of(p, tile.m0, rows_used); w.e <= w.e_last; ++w.e) {
-            if (p.offsets[w.e] == p.offsets[w.e + 1]) continue;
+        for (segment_walk w = segments_of(p, offs, tile.m0, rows_used); w.e <= w.e_last; ++w.e) {
+            if (offs[w.e] == offs[w.e + 1]) continue;
             for (int64_t kb = 0; kb < num_kb; ++kb) {
                 /* ---- wait until the consumers have released the stage ---- */
                 mbarrier_wait_parity(&s.empty[stage], phase ^ 1);
@@ -294,7 +329,9 @@ __device__ __forceinline__ void consume_kblocks(smem_layout& s, float* acc, int6
                                                 uint32_t& phase, int wg, int lane) {
     uint32_t prev_stage = 0;
     for (int64_t kb = 0; kb < num_kb; ++kb) {
+        const long long t_wait = MOK_TIMING_NOW();
         mbarrier_wait_parity(&s.full[stage], phase);
+        MOK_TIMING_ADD(TIMING_FULL_WAIT, t_wait);
         /* NOTE: gathered A was written by cp.async (generic proxy); wgmma reads through the async
          * proxy, so order the two in this thread before the first wgmma. */
         if (kGather) fence_proxy_async_shared();
@@ -318,7 +355,9 @@ __device__ __forceinline__ void consume_kblocks(smem_layout& s, float* acc, int6
             phase ^= 1;
         }
     }
+    const long long t_drain = MOK_TIMING_NOW();
     wgmma_wait_group<0>();
+    MOK_TIMING_ADD(TIMING_DRAIN, t_drain);
     if (num_kb > 0 && lane == 0) mbarrier_arrive(&s.empty[prev_stage]);
 }
 
@@ -387,7 +426,8 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
     /* Rows of this thread inside the tile (wgmma accumulator layout): r_lo and r_lo + 8. */
     const int r_lo = wg * 64 + warp * 16 + (lane >> 2);
     const int64_t num_kb = (p.Kd + BK - 1) / BK;
-    const int64_t off0 = p.offsets[0];
+    const int32_t* offs = plan_offsets(s, p);
+    const int64_t off0 = offs[0];
     uint32_t stage = 0, phase = 0;
     float acc[BN / 2];
     epi_stager epi = make_epi_stager(s, wg, t);
@@ -395,6 +435,7 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
     mok_tile_sched sched;
     mok_sched_init(&sched, 1, (p.R + BM - 1) / BM, p.num_n_tiles, BM, rows_used);
     mok_tile tile;
+    long long t_setup = MOK_TIMING_NOW();
     while (mok_sched_next_tile(&sched, &tile)) {
         /* ---- rows outside [offsets[0], rows in use) are zeros ---- */
         for (int h = 0; h < 2; ++h) {
@@ -402,15 +443,22 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
             if (row < p.R && (row < off0 || row >= rows_used)) store_zero_row<kSwiGLU>(p, row, tile.n_tile, lane4);
         }
         if (!tile.in_use) continue;
-        for (segment_walk w = segments_of(p, tile.m0, rows_used); w.e <= w.e_last; ++w.e) {
-            const int64_t seg_lo = p.offsets[w.e], seg_hi = p.offsets[w.e + 1];
+        for (segment_walk w = segments_of(p, offs, tile.m0, rows_used); w.e <= w.e_last; ++w.e) {
+            const int64_t seg_lo = offs[w.e], seg_hi = offs[w.e + 1];
             if (seg_lo == seg_hi) continue;
+            MOK_TIMING_ADD(TIMING_SETUP, t_setup);
+            const long long t_main = MOK_TIMING_NOW();
             consume_kblocks<kGather, false, kBMN>(s, acc, num_kb, stage, phase, wg, lane);
+            MOK_TIMING_ADD(TIMING_MAINLOOP, t_main);
+            MOK_TIMING_COUNT(TIMING_TILES);
             const int64_t tile_end = tile.m0 + BM < p.R ? tile.m0 + BM : p.R;
             if (seg_lo <= tile.m0 && seg_hi >= tile_end) {
                 /* ---- epilogue: the whole tile is one segment (mok's plans): TMA stores ---- */
+                const long long t_epi = MOK_TIMING_NOW();
                 const int64_t row0 = tile.m0 + 64 * wg;
                 if (row0 < p.R) store_tile_tma<kSwiGLU>(epi, p, acc, tile.n_tile, (int32_t)row0, tma_out, tma_act);
+                MOK_TIMING_ADD(TIMING_EPILOGUE, t_epi);
+                t_setup = MOK_TIMING_NOW();
                 continue;
             }
             /* ---- epilogue: rows of this segment only, from registers ---- */
@@ -455,8 +503,8 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
 
 /* K-blocks of expert e on the wgmma path, or -1 when its rows are not 64-aligned (such a tile runs
  * on the consumers' FMA fallback: mok's CUDA plans are 128-aligned, user offsets may not be). */
-__device__ __forceinline__ int64_t wgrad_kblocks(const params& p, int64_t e) {
-    const int64_t lo = p.offsets[e], hi = p.offsets[e + 1];
+__device__ __forceinline__ int64_t wgrad_kblocks(const params& p, const int32_t* offs, int64_t e) {
+    const int64_t lo = offs[e], hi = offs[e + 1];
     if (lo % BK || hi % BK || hi < lo || hi > p.R) return -1;
     return (hi - lo) / BK;
 }
@@ -464,13 +512,14 @@ __device__ __forceinline__ int64_t wgrad_kblocks(const params& p, int64_t e) {
 __device__ __forceinline__ void produce_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_a,
                                               const CUtensorMap* tma_b) {
     if (threadIdx.x != 0) return; /* TMA only: one thread issues everything */
+    const int32_t* offs = plan_offsets(s, p);
     uint32_t stage = 0, phase = 0;
     mok_tile_sched sched;
     mok_sched_init(&sched, p.E, (p.M + BM - 1) / BM, p.num_n_tiles, BM, INT64_MAX);
     mok_tile tile;
     while (mok_sched_next_tile(&sched, &tile)) {
-        const int64_t num_kb = wgrad_kblocks(p, tile.group);
-        const int32_t lo = p.offsets[tile.group];
+        const int64_t num_kb = wgrad_kblocks(p, offs, tile.group);
+        const int32_t lo = offs[tile.group];
         const int32_t n0 = (int32_t)(tile.n_tile * BN);
         for (int64_t kb = 0; kb < num_kb; ++kb) {
             mbarrier_wait_parity(&s.empty[stage], phase ^ 1);
@@ -497,6 +546,7 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
     const int warp = t >> 5, lane = t & 31;
     const int lane4 = lane & 3;
     const int r_lo = wg * 64 + warp * 16 + (lane >> 2);
+    const int32_t* offs = plan_offsets(s, p);
     uint32_t stage = 0, phase = 0;
     float acc[BN / 2];
     epi_stager epi = make_epi_stager(s, wg, t);
@@ -505,12 +555,12 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
     mok_sched_init(&sched, p.E, (p.M + BM - 1) / BM, p.num_n_tiles, BM, INT64_MAX);
     mok_tile tile;
     while (mok_sched_next_tile(&sched, &tile)) {
-        const int64_t num_kb = wgrad_kblocks(p, tile.group);
+        const int64_t num_kb = wgrad_kblocks(p, offs, tile.group);
         if (num_kb > 0) {
             consume_kblocks<false, true, true>(s, acc, num_kb, stage, phase, wg, lane);
         } else {
             /* ---- no rows (zeros), or unaligned rows: one FMA chain per output, in row order ---- */
-            int64_t lo = p.offsets[tile.group], hi = num_kb == 0 ? lo : p.offsets[tile.group + 1];
+            int64_t lo = offs[tile.group], hi = num_kb == 0 ? lo : offs[tile.group + 1];
             lo = lo < 0 ? 0 : lo;
             hi = hi > p.R ? p.R : hi;
 #pragma unroll
@@ -570,6 +620,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma_prefetch_descriptor(&tma_b);
         if (!kGather) tma_prefetch_descriptor(&tma_a);
     }
+    if (p.E + 1 <= kSmemOffsets) {
+        for (int i = threadIdx.x; i <= p.E; i += kThreads) s.offsets[i] = p.offsets[i];
+    }
     __syncthreads();
 
     if (threadIdx.x < 128) {
@@ -577,14 +630,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (kWgrad) {
             produce_wgrad(s, p, &tma_a, &tma_b);
         } else {
-            produce<kSwiGLU, kGather, kBMN>(s, p, &tma_a, &tma_b, mok_rows_in_use(p.offsets, p.E, p.R));
+            produce<kSwiGLU, kGather, kBMN>(s, p, &tma_a, &tma_b, mok_rows_in_use(plan_offsets(s, p), p.E, p.R));
         }
     } else {
         setmaxnreg_inc<kConsumerRegs>();
         if (kWgrad) {
             consume_wgrad(s, p, &tma_out);
         } else {
-            consume<kSwiGLU, kGather, kBMN>(s, p, mok_rows_in_use(p.offsets, p.E, p.R), &tma_out, &tma_act);
+            consume<kSwiGLU, kGather, kBMN>(s, p, mok_rows_in_use(plan_offsets(s, p), p.E, p.R), &tma_out, &tma_act);
         }
     }
 }

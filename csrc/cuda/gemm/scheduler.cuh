@@ -33,6 +33,8 @@ struct mok_tile_sched {
     int64_t rows_used; /* rows of the row space in use: min(offsets[E], R); INT64_MAX when unused */
     int64_t next;      /* linear index of this CTA's next tile */
     int64_t stride;    /* gridDim.x */
+    int64_t per_group; /* num_m_tiles * num_n_tiles */
+    int64_t per_band;  /* MOK_SCHED_BAND * num_n_tiles */
 };
 
 struct mok_tile {
@@ -83,6 +85,8 @@ __device__ __forceinline__ void mok_sched_init(struct mok_tile_sched* s, int64_t
     s->rows_used = rows_used;
     s->next = (int64_t)blockIdx.x;
     s->stride = (int64_t)gridDim.x;
+    s->per_group = num_m_tiles * num_n_tiles;
+    s->per_band = (int64_t)MOK_SCHED_BAND * num_n_tiles;
 }
 
 /* The next tile of this CTA; false when the CTA is done. Every thread of the CTA calls it and gets
@@ -93,15 +97,29 @@ __device__ __forceinline__ bool mok_sched_next_tile(struct mok_tile_sched* s, st
     }
     const int64_t linear = s->next;
     s->next += s->stride;
-    const int64_t per_group = s->num_m_tiles * s->num_n_tiles;
-    t->group = linear / per_group;
-    const int64_t in_group = linear % per_group;
-    const int64_t per_band = (int64_t)MOK_SCHED_BAND * s->num_n_tiles;
-    const int64_t band = in_group / per_band, in_band = in_group % per_band;
-    const int64_t first_m = band * MOK_SCHED_BAND;
-    const int64_t rows_of_band = s->num_m_tiles - first_m < MOK_SCHED_BAND ? s->num_m_tiles - first_m : MOK_SCHED_BAND;
-    t->m_tile = first_m + in_band % rows_of_band;
-    t->n_tile = in_band / rows_of_band;
+    /* NOTE: 32-bit divisions where the tile count allows (always, in practice): the 64-bit ones
+     * are ~70-instruction calls, and a consumer runs this while the tensor cores wait. */
+    if (s->num_tiles <= (int64_t)UINT32_MAX) {
+        const uint32_t lin = (uint32_t)linear, pg = (uint32_t)s->per_group, pb = (uint32_t)s->per_band;
+        const uint32_t group = lin / pg, in_group = lin - group * pg;
+        const uint32_t band = in_group / pb, in_band = in_group - band * pb;
+        const uint32_t first_m = band * MOK_SCHED_BAND;
+        const uint32_t left = (uint32_t)s->num_m_tiles - first_m;
+        const uint32_t rows_of_band = left < MOK_SCHED_BAND ? left : MOK_SCHED_BAND;
+        const uint32_t n_tile = in_band / rows_of_band;
+        t->group = group;
+        t->m_tile = first_m + (in_band - n_tile * rows_of_band);
+        t->n_tile = n_tile;
+    } else {
+        t->group = linear / s->per_group;
+        const int64_t in_group = linear % s->per_group;
+        const int64_t band = in_group / s->per_band, in_band = in_group % s->per_band;
+        const int64_t first_m = band * MOK_SCHED_BAND;
+        const int64_t left = s->num_m_tiles - first_m;
+        const int64_t rows_of_band = left < MOK_SCHED_BAND ? left : MOK_SCHED_BAND;
+        t->m_tile = first_m + in_band % rows_of_band;
+        t->n_tile = in_band / rows_of_band;
+    }
     t->m0 = t->m_tile * s->tile_m;
     t->in_use = t->m0 < s->rows_used ? 1 : 0;
     return true;

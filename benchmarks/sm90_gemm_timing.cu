@@ -1,0 +1,97 @@
+/*
+ * Where a tile of mok's sm_90a grouped GEMM spends its time: the kernel built with
+ * -DMOK_SM90_TIMING counts, in one consumer thread per CTA, the cycles of tile setup (scheduler,
+ * expert segments), the K-block mainloop (and in it the waits for the producer's stages and the
+ * final wgmma drain) and the epilogue. No torch: a standalone program over the C launcher.
+ *
+ *   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DMOK_SM90_TIMING -Icsrc/cuda \
+ *        -o /tmp/sm90_gemm_timing benchmarks/sm90_gemm_timing.cu -lcuda && /tmp/sm90_gemm_timing
+ *   /tmp/sm90_gemm_timing R E N K [swiglu|nn]        (default: Qwen3-30B-A3B's down projection)
+ */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../csrc/cuda/grouped_gemm_sm90.cu"
+
+#define CHECK(x)                                                                    \
+    do {                                                                            \
+        cudaError_t err_ = (x);                                                     \
+        if (err_ != cudaSuccess) {                                                  \
+            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
+            exit(1);                                                                \
+        }                                                                           \
+    } while (0)
+
+int main(int argc, char** argv) {
+    const int64_t R = argc > 1 ? atoll(argv[1]) : 131072, E = argc > 2 ? atoll(argv[2]) : 128;
+    const int64_t N = argc > 3 ? atoll(argv[3]) : 2048, K = argc > 4 ? atoll(argv[4]) : 768;
+    const char* mode = argc > 5 ? argv[5] : "nt";
+    const bool swiglu = strcmp(mode, "swiglu") == 0, nn = strcmp(mode, "nn") == 0;
+    const int64_t per = R / E / 128 * 128;
+
+    void *a, *b, *out, *act = NULL;
+    int32_t* offsets;
+    CHECK(cudaMalloc(&a, R * K * 2));
+    CHECK(cudaMalloc(&b, E * N * K * 2));
+    CHECK(cudaMalloc(&out, R * N * 2));
+    if (swiglu) CHECK(cudaMalloc(&act, R * N));
+    /* 0x3c3c: bf16 0.0115, values do not matter for timing */
+    CHECK(cudaMemset(a, 0x3c, R * K * 2));
+    CHECK(cudaMemset(b, 0x3c, E * N * K * 2));
+    int32_t* h_off = (int32_t*)malloc((E + 1) * sizeof(int32_t));
+    for (int64_t e = 0; e <= E; ++e) h_off[e] = (int32_t)(e * per);
+    CHECK(cudaMalloc(&offsets, (E + 1) * sizeof(int32_t)));
+    CHECK(cudaMemcpy(offsets, h_off, (E + 1) * sizeof(int32_t), cudaMemcpyHostToDevice));
+
+    mok_grouped_gemm_args g;
+    memset(&g, 0, sizeof(g));
+    g.a = a;
+    g.b = b;
+    g.dtype = MOK_BF16;
+    g.offsets = offsets;
+    g.R = R;
+    g.E = E;
+    g.N = N;
+    g.Kd = K;
+    g.trans_b = nn ? 0 : 1;
+    g.out = out;
+    g.swiglu_out = act;
+    if (!mok_grouped_gemm_sm90_supported(&g)) {
+        fprintf(stderr, "the sm_90a kernel does not take these arguments\n");
+        return 1;
+    }
+    for (int i = 0; i < 3; ++i) CHECK((cudaError_t)mok_grouped_gemm_sm90(&g, 0));
+    CHECK(cudaDeviceSynchronize());
+    unsigned long long zero[mok_sm90::TIMING_SLOTS] = {0};
+    CHECK(cudaMemcpyToSymbol(mok_sm90::timing, zero, sizeof(zero)));
+    cudaEvent_t t0, t1;
+    CHECK(cudaEventCreate(&t0));
+    CHECK(cudaEventCreate(&t1));
+    const int iters = 10;
+    CHECK(cudaEventRecord(t0));
+    for (int i = 0; i < iters; ++i) CHECK((cudaError_t)mok_grouped_gemm_sm90(&g, 0));
+    CHECK(cudaEventRecord(t1));
+    CHECK(cudaDeviceSynchronize());
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, t0, t1));
+    ms /= iters;
+    unsigned long long c[mok_sm90::TIMING_SLOTS];
+    CHECK(cudaMemcpyFromSymbol(c, mok_sm90::timing, sizeof(c)));
+    int clock_khz = 0;
+    CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+    const double tiles = (double)c[mok_sm90::TIMING_TILES];
+    const double flops = 2.0 * per * E * N * K;
+    printf("R=%lld E=%lld N=%lld K=%lld %s: %.3f ms, %.0f TFLOP/s (instrumented build), %.0f tiles per call\n",
+           (long long)R, (long long)E, (long long)N, (long long)K, mode, ms, flops / ms / 1e9, tiles / iters);
+    const char* names[] = {"tiles", "setup", "mainloop", "  of it: waits for a full stage", "  of it: final wgmma drain",
+                           "epilogue"};
+    printf("%-34s %10s %8s\n", "cycles per tile (thread 128)", "cycles", "us");
+    for (int i = 1; i < mok_sm90::TIMING_SLOTS; ++i) {
+        const double cyc = c[i] / tiles;
+        printf("%-34s %10.0f %8.2f\n", names[i], cyc, cyc / clock_khz * 1e3);
+    }
+    printf("(SM clock attribute %d MHz; clock64 counts SM cycles)\n", clock_khz / 1000);
+    return 0;
+}
