@@ -1,0 +1,121 @@
+"""Kernel-by-kernel trace of the routed-expert MLP's forward + backward, as bench_moe_layer.py runs
+it (same inputs, autograd.grad for x, topk_w and both weights), from torch.profiler: every GPU
+kernel with its time per step, and the GPU's idle time between kernels inside a step (launch gaps,
+host work). Where bench_moe_layer.py's fwd+bwd is larger than the sum of profile_moe_steps.py's
+kernels, this says which kernels or gaps make the difference.
+
+    python benchmarks/trace_moe_layer.py --shapes qwen3_30b_a3b --impls mok,eager   # on the GPU
+    python benchmarks/trace_moe_layer.py --quick                                     # CPU smoke test
+
+No L2 flush between steps (the profiler's own overhead would be in the flush's shadow anyway);
+steps are synchronised one by one so that each step's span is its own."""
+import argparse
+import collections
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+import mok  # noqa: E402
+from benchmarks import baselines, bench_moe_layer, common  # noqa: E402
+
+
+def short_name(name: str, width: int = 70) -> str:
+    """Kernel names without template argument lists (mok's wgmma kernel has 4 flags: keep them)."""
+    if name.startswith("void "):
+        name = name[5:]
+    if "grouped_gemm_bf16_nt_kernel" in name:
+        return name.split("(")[0][:width]
+    cut = name.find("<")
+    return (name if cut < 0 else name[:cut])[:width]
+
+
+def gpu_kernels(trace_path: str):
+    """(name, start us, duration us) of every GPU kernel and memset/memcpy in a chrome trace."""
+    with open(trace_path) as f:
+        events = json.load(f).get("traceEvents", [])
+    out = []
+    for ev in events:
+        if ev.get("ph") != "X" or ev.get("cat") not in ("kernel", "gpu_memset", "gpu_memcpy"):
+            continue
+        out.append((short_name(ev.get("name", "?")), float(ev["ts"]), float(ev["dur"])))
+    return sorted(out, key=lambda k: k[1])
+
+
+def trace(fn, steps: int, device):
+    """Runs fn() `steps` times under the profiler, one synchronised step per profiler step.
+    Returns per-kernel totals (ms per step), kernel time per step and span per step (ms)."""
+    step_marks = []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            common.sync(device)
+            with torch.profiler.record_function("mok_trace_step"):
+                fn()
+            common.sync(device)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        kernels = gpu_kernels(path)
+    del step_marks
+    if not kernels:
+        return {}, float("nan"), float("nan")
+    # Steps are separated by host synchronisations: split where the GPU idles longer than any gap
+    # inside a step can be (the sync + Python between steps), i.e. cut at the steps-1 largest gaps.
+    gaps = sorted(range(1, len(kernels)), key=lambda i: kernels[i][1] - (kernels[i - 1][1] + kernels[i - 1][2]))
+    cuts = sorted(gaps[-(steps - 1):]) if steps > 1 else []
+    bounds = [0] + cuts + [len(kernels)]
+    spans, busy = [], []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        ks = kernels[lo:hi]
+        spans.append(ks[-1][1] + ks[-1][2] - ks[0][1])
+        busy.append(sum(k[2] for k in ks))
+    totals = collections.defaultdict(lambda: [0.0, 0])
+    for name, _ts, dur in kernels:
+        totals[name][0] += dur
+        totals[name][1] += 1
+    per_step = {n: (t / steps / 1e3, c / steps) for n, (t, c) in totals.items()}
+    return per_step, sum(busy) / len(busy) / 1e3, sum(spans) / len(spans) / 1e3
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="qwen3_30b_a3b", help=f"comma list from {', '.join(bench_moe_layer.SHAPES)}")
+    p.add_argument("--routing", default="balanced", choices=bench_moe_layer.ROUTINGS)
+    p.add_argument("--impls", default="mok,eager", help="comma list from mok, eager")
+    p.add_argument("--steps", type=int, default=3, help="profiled fwd+bwd steps (after 3 untimed ones)")
+    p.add_argument("--top", type=int, default=25, help="kernels listed per run")
+    p.add_argument("--device", default=None)
+    p.add_argument("--quick", action="store_true", help="tiny shapes, for a CPU smoke test")
+    args = p.parse_args(argv)
+    dev = common.pick_device(args.device)
+    common.print_environment(common.environment(dev))
+    table = {"mok": mok.functional.moe_experts, "eager": baselines.grouped_mm_experts}
+    shapes = list(bench_moe_layer.QUICK_SHAPES)[:1] if args.quick else args.shapes.split(",")
+    for cfg in bench_moe_layer.get_configs(shapes, [args.routing], args.quick):
+        inputs, dy = bench_moe_layer.make_inputs(cfg, dev)
+        x, idx, w, gate_up, down = inputs
+        for impl in args.impls.split(","):
+            fn = table[impl]
+
+            def step():
+                return torch.autograd.grad(fn(x, idx, w, gate_up, down), [x, w, gate_up, down], dy)
+
+            for _ in range(3):
+                step()
+            per_kernel, busy_ms, span_ms = trace(step, args.steps, dev)
+            print(f"\n== {cfg.shape} {cfg.routing} {impl}: span {span_ms:.3f} ms per step, kernels {busy_ms:.3f} ms, "
+                  f"GPU idle inside the step {span_ms - busy_ms:.3f} ms")
+            rows = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:args.top]
+            print(common.format_table([dict(kernel=n, ms=t, calls=c) for n, (t, c) in rows],
+                                      [("kernel", "kernel", ""), ("ms", "ms/step", ".3f"), ("calls", "calls", ".0f")]))
+        del inputs, dy, x, idx, w, gate_up, down
+        common.free_memory(dev)
+
+
+if __name__ == "__main__":
+    main()
