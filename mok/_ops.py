@@ -95,7 +95,7 @@ def _grouped_mm_fake(a, a_gather, a_gather_div, b, offsets, trans_b):
 
 
 @torch.library.register_fake("mok::grouped_mm_swiglu")
-def _grouped_mm_swiglu_fake(x, src_of_row, row_of, top_k, gate_up, offsets):
+def _grouped_mm_swiglu_fake(x, src_of_row, row_of, top_k, gate_up, offsets, x_rows=None):
     R, N = src_of_row.shape[0], gate_up.shape[1]
     return x.new_empty((R, N // 2)), x.new_empty((R, N))
 
@@ -214,9 +214,11 @@ torch.library.register_autograd("mok::grouped_mm", _grouped_mm_backward, setup_c
 
 
 def _grouped_mm_swiglu_setup(ctx, inputs, output):
-    x, src_of_row, row_of, top_k, gate_up, offsets = inputs
+    x, src_of_row, row_of, top_k, gate_up, offsets, x_rows = inputs
     _act, h = output
-    ctx.save_for_backward(x, src_of_row, row_of, gate_up, offsets, h)
+    # x_rows (the gathered copy of x the forward read, when the caller made one) serves the
+    # weight gradient; without it the backward gathers x again.
+    ctx.save_for_backward(x, src_of_row, row_of, gate_up, offsets, h, x_rows)
     ctx.top_k = top_k
     # NOTE: h is returned for backward, and rarely used downstream: leave its gradient None rather
     # than a materialised [R, 2I] tensor of zeros (an allocation, a fill and an extra add pass).
@@ -224,7 +226,7 @@ def _grouped_mm_swiglu_setup(ctx, inputs, output):
 
 
 def _grouped_mm_swiglu_backward(ctx, grad_act, grad_h):
-    x, src_of_row, row_of, gate_up, offsets, h = ctx.saved_tensors
+    x, src_of_row, row_of, gate_up, offsets, h, x_rows = ctx.saved_tensors
     if grad_act is not None:
         d_h = ops.swiglu_backward(h, grad_act.contiguous())
         if grad_h is not None:
@@ -236,8 +238,11 @@ def _grouped_mm_swiglu_backward(ctx, grad_act, grad_h):
         d_rows = ops.grouped_mm(d_h, None, 1, gate_up, offsets, False)
         d_x = ops.combine(d_rows, row_of, src_of_row, None)  # sum of each token's K rows, fixed order
     if ctx.needs_input_grad[4]:
-        d_w = ops.grouped_mm_wgrad(d_h, x, src_of_row, ctx.top_k, offsets)
-    return d_x, None, None, None, d_w, None
+        if x_rows is not None:
+            d_w = ops.grouped_mm_wgrad(d_h, x_rows, None, 1, offsets)
+        else:
+            d_w = ops.grouped_mm_wgrad(d_h, x, src_of_row, ctx.top_k, offsets)
+    return d_x, None, None, None, d_w, None, None
 
 
 torch.library.register_autograd(

@@ -156,7 +156,13 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
         plan = moe_plan(topk_idx, E, skip_invalid=skip_invalid)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     x = x.contiguous()
-    act, _h = ops.grouped_mm_swiglu(x, plan.src_of_row, plan.row_of, K, gate_up_proj, plan.offsets)
+    x_rows = None
+    if x.is_cuda and x.dtype == torch.bfloat16 and torch.is_grad_enabled() and gate_up_proj.requires_grad:
+        # Training: one gathered copy of the token rows, read by GEMM1 as plain TMA rows and kept
+        # for gate_up_proj's weight gradient, which would otherwise gather x again. (Gathering
+        # on load in GEMM1 costs more than this copy: docs/performance-log.md, v11.)
+        x_rows = ops.gather_rows(x.detach(), plan.src_of_row, None, K)
+    act, _h = ops.grouped_mm_swiglu(x, plan.src_of_row, plan.row_of, K, gate_up_proj, plan.offsets, x_rows)
     rows = ops.grouped_mm(act, None, 1, down_proj, plan.offsets, True)
     return ops.combine(rows, plan.row_of, plan.src_of_row, topk_w.to(acc).contiguous())
 

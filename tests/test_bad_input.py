@@ -79,6 +79,13 @@ def test_device_mismatch_is_named():
     (lambda: ops.moe_plan(torch.zeros(3, 2, dtype=torch.int64), 4, 128, False), r"topk_idx must be Int"),
     (lambda: ops.grouped_mm(torch.randn(4, 6)[:, ::2], None, 1, torch.randn(2, 5, 3),
                             torch.zeros(3, dtype=torch.int32), True), r"\ba must be contiguous"),
+    # x_rows must have one row per row of the plan (src_of_row) and x's hidden size
+    (lambda: ops.grouped_mm_swiglu(torch.randn(4, 3), torch.zeros(8, dtype=torch.int32),
+                                   torch.zeros(4, 2, dtype=torch.int32), 2, torch.randn(2, 6, 3),
+                                   torch.tensor([0, 4, 8], dtype=torch.int32), torch.randn(7, 3)), r"x_rows"),
+    (lambda: ops.grouped_mm_swiglu(torch.randn(4, 3), torch.zeros(8, dtype=torch.int32),
+                                   torch.zeros(4, 2, dtype=torch.int32), 2, torch.randn(2, 6, 3),
+                                   torch.tensor([0, 4, 8], dtype=torch.int32), torch.randn(8, 5)), r"x_rows"),
 ])
 def test_op_level_checks(bad, pattern):
     with pytest.raises((ValueError, RuntimeError), match=pattern):

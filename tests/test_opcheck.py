@@ -33,7 +33,9 @@ def op_cases(device):
         "swiglu_backward": [(torch.randn(9, 16, device=device), torch.randn(9, 8, device=device))],
         "grouped_mm": [(grad(act), None, 1, grad(down), plan.offsets, True),
                        (grad(rows), None, 1, grad(down), plan.offsets, False)],
-        "grouped_mm_swiglu": [(grad(x), plan.src_of_row, plan.row_of, case.K, grad(gate_up), plan.offsets)],
+        "grouped_mm_swiglu": [(grad(x), plan.src_of_row, plan.row_of, case.K, grad(gate_up), plan.offsets),
+                              (grad(x), plan.src_of_row, plan.row_of, case.K, grad(gate_up), plan.offsets,
+                               ops.gather_rows(x, plan.src_of_row, None, case.K))],
         "grouped_mm_wgrad": [(act, rows, None, 1, plan.offsets), (act, x, plan.src_of_row, case.K, plan.offsets)],
         "quantize_fp8": [(torch.randn(5, 200, device=device), r)
                          for r in ("blockwise_1x128", "blockwise_128x128", "mxfp8")],

@@ -57,6 +57,26 @@ def test_grouped_mm_swiglu_gathers_token_rows(device, dtype, case):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=str)
+def test_grouped_mm_swiglu_on_gathered_rows_is_bitwise_the_same(device, dtype, case):
+    """x_rows (a gathered copy of x) changes how GEMM1 reads its rows and what the weight
+    gradient reads, not a single bit of the outputs or of the gradients."""
+    x, idx, _, gate_up, _ = make_moe_inputs(case, dtype, device)
+    plan = mok.functional.moe_plan(idx, case.E)
+    outs = []
+    for use_rows in (False, True):
+        xg, gu = x.clone().requires_grad_(True), gate_up.clone().requires_grad_(True)
+        x_rows = ops.gather_rows(x, plan.src_of_row, None, case.K) if use_rows else None
+        act, h = ops.grouped_mm_swiglu(xg, plan.src_of_row, plan.row_of, case.K, gu, plan.offsets, x_rows)
+        d_act = torch.linspace(-1, 1, act.numel(), device=device, dtype=dtype).reshape(act.shape)
+        grads = torch.autograd.grad(act, (xg, gu), d_act)
+        outs.append((act, h) + grads)
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=str)
 @pytest.mark.parametrize("gather", [False, True])
 def test_grouped_mm_wgrad(device, dtype, case, gather):
     _, plan, _ = plan_for(case, device)
@@ -122,6 +142,11 @@ def test_gradcheck_ops(device):
         return act, h
 
     assert torch.autograd.gradcheck(gemm1, (x, gate_up))
+    # x_rows must be the gathered x: rebuilt from x, so that gradcheck's perturbations reach it
+    assert torch.autograd.gradcheck(
+        lambda x, gu: ops.grouped_mm_swiglu(x, plan.src_of_row, plan.row_of, case.K, gu, plan.offsets,
+                                            ops.gather_rows(x.detach(), plan.src_of_row, None, case.K)),
+        (x, gate_up))
     act = gemm1(x, gate_up)[0].detach().requires_grad_(True)
     assert torch.autograd.gradcheck(lambda a, d: ops.grouped_mm(a, None, 1, d, plan.offsets, True), (act, down))
     rows = torch.randn(act.shape[0], case.H, dtype=torch.float64, device=device)

@@ -244,9 +244,12 @@ at::Tensor grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_ga
 // GEMM1 of the expert MLP: token rows gathered on load (row r reads x[src_of_row[r] / top_k]),
 // times gate_up[e]^T, then SwiGLU. Returns (act [R, I], h [R, 2I]); h is kept for backward.
 // row_of is not read here: autograd needs it to reduce dx over each token's K rows.
+// x_rows, when given, is gather_rows(x, src_of_row, None, top_k) [R, H]: the GEMM reads it
+// instead of gathering (TMA rows on sm_90a), and the backward reuses it for the weight gradient.
 std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu(const at::Tensor& x, const at::Tensor& src_of_row,
                                                      const at::Tensor& row_of, int64_t top_k,
-                                                     const at::Tensor& gate_up, const at::Tensor& offsets) {
+                                                     const at::Tensor& gate_up, const at::Tensor& offsets,
+                                                     const c10::optional<at::Tensor>& x_rows) {
     const char* op = "mok.grouped_mm_swiglu";
     TORCH_CHECK_VALUE(top_k >= 1, op, ": top_k must be >= 1, got ", top_k);
     auto d = check_grouped_mm(op, x, src_of_row, top_k, gate_up, offsets, true);
@@ -256,12 +259,23 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu(const at::Tensor& x, const 
     check_index(row_of, x, op, "row_of");
     check_size(row_of, 0, x.size(0), op, "row_of", "tokens of x");
     check_size(row_of, 1, top_k, op, "row_of", "top_k");
+    if (x_rows.has_value()) {
+        check_dim(*x_rows, 2, op, "x_rows", "[rows, H] (gather_rows(x, src_of_row, None, top_k))");
+        check_contiguous(*x_rows, op, "x_rows");
+        check_dtype(*x_rows, x.scalar_type(), op, "x_rows");
+        check_same_device(*x_rows, x, op, "x_rows", "x");
+        check_size(*x_rows, 0, d.R, op, "x_rows", "rows of src_of_row");
+        check_size(*x_rows, 1, x.size(1), op, "x_rows", "hidden size of x");
+    }
     auto h = at::empty({d.R, d.N}, x.options());
     auto act = at::empty({d.R, d.N / 2}, x.options());
     if (h.numel() > 0) {
         if (d.Kd == 0) {
             h.zero_();
             act.zero_();
+        } else if (x_rows.has_value()) {
+            const c10::optional<at::Tensor> no_gather;
+            MOK_DISPATCH(x, grouped_mm, *x_rows, no_gather, 1, gate_up, offsets, true, h, &act);
         } else {
             MOK_DISPATCH(x, grouped_mm, x, src_of_row, top_k, gate_up, offsets, true, h, &act);
         }
@@ -335,7 +349,7 @@ TORCH_LIBRARY(mok, m) {
     m.def("swiglu_backward(Tensor h, Tensor d_act) -> Tensor");
     m.def("grouped_mm(Tensor a, Tensor? a_gather, int a_gather_div, Tensor b, Tensor offsets, bool trans_b) -> Tensor");
     m.def("grouped_mm_swiglu(Tensor x, Tensor src_of_row, Tensor row_of, int top_k, Tensor gate_up, "
-          "Tensor offsets) -> (Tensor act, Tensor h)");
+          "Tensor offsets, Tensor? x_rows=None) -> (Tensor act, Tensor h)");
     m.def("grouped_mm_wgrad(Tensor a, Tensor b, Tensor? b_gather, int b_gather_div, Tensor offsets) -> Tensor");
     m.def("device_errors(bool clear) -> int", &device_errors);
 }
