@@ -205,12 +205,16 @@ int quantize_launch(const struct mok_quantize_fp8_args* a, cudaStream_t stream) 
     return mok_launch_status();
 }
 
+/* Shape and recipe checks shared by both entry points. */
+bool shape_and_recipe_ok(int64_t M, int64_t N, int recipe) {
+    return M >= 0 && N >= 0 &&
+           (recipe == MOK_FP8_BLOCKWISE_1X128 || recipe == MOK_FP8_BLOCKWISE_128X128 || recipe == MOK_FP8_MXFP8);
+}
+
 }  // namespace
 
 extern "C" int mok_quantize_fp8_cuda(const struct mok_quantize_fp8_args* a, cudaStream_t stream) {
-    MOK_CHECK_ARG(a != NULL && a->M >= 0 && a->N >= 0);
-    MOK_CHECK_ARG(a->recipe == MOK_FP8_BLOCKWISE_1X128 || a->recipe == MOK_FP8_BLOCKWISE_128X128 ||
-                  a->recipe == MOK_FP8_MXFP8);
+    MOK_CHECK_ARG(a != NULL && shape_and_recipe_ok(a->M, a->N, a->recipe));
     if (a->M == 0 || a->N == 0) return 0;
     MOK_CHECK_ARG(a->x != NULL && a->q != NULL && a->scales != NULL);
     switch (a->dtype) {
@@ -223,9 +227,7 @@ extern "C" int mok_quantize_fp8_cuda(const struct mok_quantize_fp8_args* a, cuda
 }
 
 extern "C" int mok_dequantize_fp8_cuda(const struct mok_dequantize_fp8_args* a, cudaStream_t stream) {
-    MOK_CHECK_ARG(a != NULL && a->M >= 0 && a->N >= 0);
-    MOK_CHECK_ARG(a->recipe == MOK_FP8_BLOCKWISE_1X128 || a->recipe == MOK_FP8_BLOCKWISE_128X128 ||
-                  a->recipe == MOK_FP8_MXFP8);
+    MOK_CHECK_ARG(a != NULL && shape_and_recipe_ok(a->M, a->N, a->recipe));
     if (a->M == 0 || a->N == 0) return 0;
     MOK_CHECK_ARG(a->q != NULL && a->scales != NULL && a->y != NULL);
     const unsigned grid = mok_grid_stride_blocks(a->M * a->N, Q_THREADS, Q_BLOCKS_PER_SM);
