@@ -40,6 +40,7 @@
 #include "../common/dtype.cuh"
 #include "../common/swiglu.cuh"
 #include "../ptx/mbarrier.cuh"
+#include "../ptx/stmatrix.cuh"
 #include "../ptx/tma.cuh"
 #include "../ptx/wgmma.cuh"
 #include "scheduler.cuh"
@@ -49,7 +50,16 @@ namespace mok_sm90 {
 /* Cycle counters of one consumer thread per CTA (thread 128), summed over CTAs: compiled in only
  * by benchmarks/sm90_gemm_timing.cu (-DMOK_SM90_TIMING) to see where a tile's time goes besides
  * its K-blocks. Slots: TIMING_* below. */
-enum { TIMING_TILES, TIMING_SETUP, TIMING_MAINLOOP, TIMING_FULL_WAIT, TIMING_DRAIN, TIMING_EPILOGUE, TIMING_SLOTS };
+enum {
+    TIMING_TILES,
+    TIMING_SETUP,
+    TIMING_MAINLOOP,
+    TIMING_FULL_WAIT,
+    TIMING_DRAIN,
+    TIMING_EPILOGUE,
+    TIMING_EPI_ACQUIRE,
+    TIMING_SLOTS
+};
 #ifdef MOK_SM90_TIMING
 __device__ unsigned long long timing[TIMING_SLOTS];
 #define MOK_TIMING_NOW() clock64()
@@ -67,11 +77,21 @@ __device__ unsigned long long timing[TIMING_SLOTS];
 #define MOK_TIMING_COUNT(slot) ((void)0)
 #endif
 
+/* Pipeline depth and epilogue buffers per consumer warpgroup; overridable for experiments with
+ * benchmarks/sm90_gemm_timing.cu only (the library builds the defaults). */
+#ifndef MOK_SM90_STAGES
+#define MOK_SM90_STAGES 4
+#endif
+#ifndef MOK_SM90_EPI_BUFS
+#define MOK_SM90_EPI_BUFS 2
+#endif
+
 enum {
     BM = 128,
     BN = 256,
     BK = 64,
-    kStages = 4,
+    kStages = MOK_SM90_STAGES,
+    kEpiBufs = MOK_SM90_EPI_BUFS,
     kThreads = 384,
     kProducerRegs = 56,
     kConsumerRegs = 224,
@@ -88,7 +108,7 @@ enum {
 struct smem_layout {
     __nv_bfloat16 a[kStages][BM * BK];
     __nv_bfloat16 b[kStages][BN * BK];
-    __nv_bfloat16 epi[2][2][64 * 64]; /* [consumer warpgroup][buffer]: one TMA store box each */
+    __nv_bfloat16 epi[2][kEpiBufs][64 * 64]; /* [consumer warpgroup][buffer]: one TMA store box each */
     uint64_t full[kStages];
     uint64_t empty[kStages];
     int32_t offsets[kSmemOffsets]; /* copy of p.offsets: the per-tile expert lookups read it */
@@ -123,14 +143,16 @@ __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* p, float x, float y)
 
 /* ------------------------------------------------------------------------------------------------
  * TMA-store epilogue of one consumer warpgroup: its 64 rows of the tile leave in [64 x 64] bf16
- * chunks through two shared-memory buffers. Chunk c uses buffer c % 2; before it is rewritten, the
- * store issued two chunks earlier must have read it. Thread 0 of the warpgroup issues the stores.
+ * chunks through kEpiBufs shared-memory buffers. Chunk c uses buffer c % kEpiBufs; before it is
+ * rewritten, the store issued kEpiBufs chunks earlier must have read it. Thread 0 of the warpgroup
+ * issues the stores.
  * Every store map is 3-D (a TMA instruction's rank must match its map's).
  * ---------------------------------------------------------------------------------------------- */
 struct epi_stager {
     smem_layout* s;
     int wg, t;       /* warpgroup (0, 1) and thread in it */
-    int row, quad;   /* accumulator row (of 64; and row + 8) and column pair of this thread */
+    uint32_t row;    /* byte offset in a buffer of the row this thread addresses for stmatrix */
+    uint32_t sw;     /* its 16-byte chunk of column block 0, swizzled (bytes) */
     uint32_t chunks; /* chunks issued so far */
 };
 
@@ -139,25 +161,36 @@ __device__ __forceinline__ epi_stager make_epi_stager(smem_layout& s, int wg, in
     e.s = &s;
     e.wg = wg;
     e.t = t;
-    e.row = (t >> 5) * 16 + ((t & 31) >> 2);
-    e.quad = t & 3;
+    /* stmatrix x4 of column blocks (2k, 2k + 1): lanes 8 j .. 8 j + 7 address the rows of matrix j,
+     * j = (rows + 8: bit 0, column block + 1: bit 1). */
+    const int lane = t & 31;
+    const int r = (t >> 5) * 16 + 8 * ((lane >> 3) & 1) + (lane & 7);
+    e.row = (uint32_t)r * 128;
+    /* NOTE: the 128B swizzle puts 16-byte chunk c of row r at chunk c ^ (r % 8); r % 8 = lane % 8. */
+    e.sw = (uint32_t)(((lane >> 4) ^ (lane & 7)) << 4);
     e.chunks = 0;
     return e;
 }
 
-/* Waits for the next buffer to be free; returns it. */
-__device__ __forceinline__ __nv_bfloat16* epi_acquire(epi_stager& e) {
-    if (e.t == 0) bulk_wait_group_read<1>();
+/* Waits for the next buffer to be free; returns its shared-memory address. */
+__device__ __forceinline__ uint32_t epi_acquire(epi_stager& e) {
+    const long long t_acquire = MOK_TIMING_NOW();
+    if (e.t == 0) bulk_wait_group_read<kEpiBufs - 1>();
     named_barrier_sync(1 + e.wg, 128);
-    return e.s->epi[e.wg][e.chunks & 1];
+    MOK_TIMING_ADD(TIMING_EPI_ACQUIRE, t_acquire);
+    return mok_smem_u32(e.s->epi[e.wg][e.chunks % kEpiBufs]);
 }
 
-/* Puts the values of columns 8 ci + 2 quad + {0, 1} of row `row + 8 h` into the buffer, in the
- * 128B-swizzled layout of the TMA box (16-byte chunk ci of row r at chunk ci ^ (r % 8)). */
-__device__ __forceinline__ void epi_put(const epi_stager& e, __nv_bfloat16* buf, int h, int ci, float x, float y) {
-    const int r = e.row + 8 * h;
-    char* p = reinterpret_cast<char*>(buf) + r * 128 + ((ci ^ (r & 7)) << 4) + e.quad * 4;
-    store_bf16x2(reinterpret_cast<__nv_bfloat16*>(p), x, y);
+/* Writes 64 columns of the warpgroup's 64 rows into the buffer, in the 128B-swizzled layout of the
+ * TMA box: frag(ci, h) is this thread's packed bf16 pair of column block ci (8 columns) in row
+ * lane / 4 + 8 h of its warp's 16 rows. Four stmatrix per thread. */
+template <typename Frag>
+__device__ __forceinline__ void epi_put_chunk(const epi_stager& e, uint32_t buf, Frag&& frag) {
+    const uint32_t base = buf + e.row;
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+        stmatrix_x4(base + (e.sw ^ (uint32_t)(k << 5)), frag(2 * k, 0), frag(2 * k, 1), frag(2 * k + 1, 0),
+                    frag(2 * k + 1, 1));
 }
 
 /* Makes the buffer's generic-proxy writes visible to TMA; true in the thread that issues the store. */
@@ -169,13 +202,11 @@ __device__ __forceinline__ bool epi_ready(epi_stager& e) {
 }
 
 /* Stages accumulator groups [8 j, 8 j + 8) (64 columns) of this thread's rows. */
-__device__ __forceinline__ __nv_bfloat16* epi_stage_acc(epi_stager& e, const float* acc, int j) {
-    __nv_bfloat16* buf = epi_acquire(e);
-#pragma unroll
-    for (int ci = 0; ci < 8; ++ci) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) epi_put(e, buf, h, ci, acc[(8 * j + ci) * 4 + 2 * h], acc[(8 * j + ci) * 4 + 2 * h + 1]);
-    }
+__device__ __forceinline__ uint32_t epi_stage_acc(epi_stager& e, const float* acc, int j) {
+    const uint32_t buf = epi_acquire(e);
+    epi_put_chunk(e, buf, [&](int ci, int h) {
+        return pack_bf16x2(acc[(8 * j + ci) * 4 + 2 * h], acc[(8 * j + ci) * 4 + 2 * h + 1]);
+    });
     return buf;
 }
 
@@ -376,7 +407,7 @@ __device__ __forceinline__ void store_tile_tma(epi_stager& e, const params& p, c
         for (int j = 0; j < BN / 2 / 64; ++j) {
             const int32_t c = (int32_t)(n_tile * (BN / 2) + 64 * j);
             if (c >= I) break;
-            __nv_bfloat16* buf = epi_stage_acc(e, acc, j);
+            uint32_t buf = epi_stage_acc(e, acc, j);
             if (epi_ready(e)) {
                 tma_store_3d(tma_out, buf, c, 0, row0);
                 bulk_commit_group();
@@ -387,19 +418,12 @@ __device__ __forceinline__ void store_tile_tma(epi_stager& e, const params& p, c
                 bulk_commit_group();
             }
             buf = epi_acquire(e);
-#pragma unroll
-            for (int ci = 0; ci < 8; ++ci) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int ig = (8 * j + ci) * 4 + 2 * h, iu = ig + (BN / 2 / 8) * 4;
-                    /* SwiGLU of the stored (rounded) values: equals the swiglu op on h. */
-                    const float rg0 = __bfloat162float(__float2bfloat16_rn(acc[ig]));
-                    const float rg1 = __bfloat162float(__float2bfloat16_rn(acc[ig + 1]));
-                    const float ru0 = __bfloat162float(__float2bfloat16_rn(acc[iu]));
-                    const float ru1 = __bfloat162float(__float2bfloat16_rn(acc[iu + 1]));
-                    epi_put(e, buf, h, ci, mok_swiglu(rg0, ru0), mok_swiglu(rg1, ru1));
-                }
-            }
+            epi_put_chunk(e, buf, [&](int ci, int h) {
+                const int ig = (8 * j + ci) * 4 + 2 * h, iu = ig + (BN / 2 / 8) * 4;
+                /* SwiGLU of the stored (rounded) values: equals the swiglu op on h. */
+                const uint32_t g = pack_bf16x2(acc[ig], acc[ig + 1]), u = pack_bf16x2(acc[iu], acc[iu + 1]);
+                return pack_bf16x2(mok_swiglu(bf16x2_lo(g), bf16x2_lo(u)), mok_swiglu(bf16x2_hi(g), bf16x2_hi(u)));
+            });
             if (epi_ready(e)) {
                 tma_store_3d(tma_act, buf, c, row0, 0);
                 bulk_commit_group();
@@ -410,7 +434,7 @@ __device__ __forceinline__ void store_tile_tma(epi_stager& e, const params& p, c
         for (int j = 0; j < BN / 64; ++j) {
             const int32_t c = (int32_t)(n_tile * BN + 64 * j);
             if (c >= p.N) break;
-            __nv_bfloat16* buf = epi_stage_acc(e, acc, j);
+            uint32_t buf = epi_stage_acc(e, acc, j);
             if (epi_ready(e)) {
                 tma_store_3d(tma_out, buf, c, row0, 0);
                 bulk_commit_group();
@@ -616,7 +640,7 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
         for (int j = 0; j < BN / 64; ++j) {
             const int64_t c = tile.n_tile * BN + 64 * j;
             if (c >= p.N) break;
-            __nv_bfloat16* buf = epi_stage_acc(epi, acc, j);
+            uint32_t buf = epi_stage_acc(epi, acc, j);
             if (epi_ready(epi)) {
                 tma_store_3d(tma_out, buf, (int32_t)c, (int32_t)m0, (int32_t)tile.group);
                 bulk_commit_group();
