@@ -8,7 +8,7 @@
  *   kernel 0  plan_fill_kernel        src_of_row[0, capacity) = -1 (padding and unused rows)
  *   kernel 1  plan_hist_kernel        one block per chunk: ws[e][c] = count of e in chunk c; flags
  *                                      invalid ids into the host-mapped error word
- *   kernel 2  plan_scan_chunks_kernel one thread per expert: exclusive scan of ws[e][:], counts[e]
+ *   kernel 2  plan_scan_chunks_kernel one warp per expert: exclusive scan of ws[e][:], counts[e]
  *   kernel 3  plan_offsets_kernel     one block: offsets[e] = sum_{e' < e} round_up(counts[e'], tile),
  *                                      offsets[E], num_skipped = TK - sum counts
  *   kernel 4  plan_assign_kernel      one block per chunk: row of pair p = offsets[e] + ws[e][c]
@@ -105,20 +105,31 @@ __global__ void __launch_bounds__(PLAN_THREADS) plan_hist_kernel(plan_params p) 
     }
 }
 
-/* ---- kernel 2: per expert, exclusive scan over the chunks (serial, in chunk order) ---- */
+/* ---- kernel 2: per expert, exclusive scan over the chunks: one warp per expert, 32 chunks per step
+ * (coalesced; integer sums, so the order of additions does not change the result) ----
+ * NOTE: one serial thread per expert read ws[e][:] with a stride of NC between the lanes of a warp
+ * and took 0.1 ms on the Qwen3-30B-A3B shape (512 chunks, 128 experts), measured. */
 __global__ void __launch_bounds__(PLAN_THREADS) plan_scan_chunks_kernel(plan_params p) {
-    const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int lane = threadIdx.x & 31;
+    const int64_t e = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (e >= p.E) {
         return;
     }
     int32_t* __restrict__ col = p.ws + e * p.NC;
     int32_t run = 0;
-    for (int64_t c = 0; c < p.NC; ++c) {
-        const int32_t v = col[c];
-        col[c] = run;
-        run += v;
+    for (int64_t c0 = 0; c0 < p.NC; c0 += 32) {
+        const int64_t c = c0 + lane;
+        const int32_t v = c < p.NC ? col[c] : 0;
+        int32_t incl = v;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const int32_t up = __shfl_up_sync(0xffffffffu, incl, d);
+            if (lane >= d) incl += up;
+        }
+        if (c < p.NC) col[c] = run + incl - v;
+        run += __shfl_sync(0xffffffffu, incl, 31);
     }
-    p.counts[e] = run;
+    if (lane == 0) p.counts[e] = run;
 }
 
 /* ---- kernel 3: padded expert offsets (one block) ---- */
@@ -252,7 +263,7 @@ extern "C" int mok_plan_build_cuda(const struct mok_plan_build_args* args, cudaS
         plan_hist_kernel<<<(unsigned int)NC, PLAN_THREADS, 0, stream>>>(p);
     }
     if (p.E > 0) {
-        plan_scan_chunks_kernel<<<(unsigned int)mok_ceil_div(p.E, PLAN_THREADS), PLAN_THREADS, 0, stream>>>(p);
+        plan_scan_chunks_kernel<<<(unsigned int)mok_ceil_div(p.E * 32, PLAN_THREADS), PLAN_THREADS, 0, stream>>>(p);
     }
     /* ---- kernel 3: offsets, offsets[E], num_skipped ---- */
     plan_offsets_kernel<<<1, PLAN_SCAN_THREADS, 0, stream>>>(p);

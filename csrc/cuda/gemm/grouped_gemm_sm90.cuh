@@ -91,7 +91,7 @@ enum {
     BN = 256,
     BK = 64,
     kStages = MOK_SM90_STAGES,
-    kEpiBufs = MOK_SM90_EPI_BUFS,
+    kEpiBufs = MOK_SM90_EPI_BUFS, /* >= 2: a chunk is written while the previous one is stored */
     kThreads = 384,
     kProducerRegs = 56,
     kConsumerRegs = 224,
@@ -113,6 +113,7 @@ struct smem_layout {
     uint64_t empty[kStages];
     int32_t offsets[kSmemOffsets]; /* copy of p.offsets: the per-tile expert lookups read it */
 };
+static_assert(kEpiBufs >= 2, "the epilogue writes one buffer while the previous chunk's store reads another");
 static_assert(sizeof(smem_layout) + 1024 <= 227 * 1024, "shared memory budget of one CTA");
 static_assert((BM * BK * 2) % 1024 == 0 && (BN * BK * 2) % 1024 == 0, "stage buffers keep 1024-byte alignment");
 static_assert(BK * 2 == 128, "one K-block row is one 128-byte swizzle row");
@@ -154,6 +155,7 @@ struct epi_stager {
     uint32_t row;    /* byte offset in a buffer of the row this thread addresses for stmatrix */
     uint32_t sw;     /* its 16-byte chunk of column block 0, swizzled (bytes) */
     uint32_t chunks; /* chunks issued so far */
+    bool next_free;  /* the buffer of the next chunk is known to be free (checked by epi_ready) */
 };
 
 __device__ __forceinline__ epi_stager make_epi_stager(smem_layout& s, int wg, int t) {
@@ -169,15 +171,19 @@ __device__ __forceinline__ epi_stager make_epi_stager(smem_layout& s, int wg, in
     /* NOTE: the 128B swizzle puts 16-byte chunk c of row r at chunk c ^ (r % 8); r % 8 = lane % 8. */
     e.sw = (uint32_t)(((lane >> 4) ^ (lane & 7)) << 4);
     e.chunks = 0;
+    e.next_free = false;
     return e;
 }
 
-/* Waits for the next buffer to be free; returns its shared-memory address. */
+/* The next chunk's buffer, once free: its shared-memory address. */
 __device__ __forceinline__ uint32_t epi_acquire(epi_stager& e) {
-    const long long t_acquire = MOK_TIMING_NOW();
-    if (e.t == 0) bulk_wait_group_read<kEpiBufs - 1>();
-    named_barrier_sync(1 + e.wg, 128);
-    MOK_TIMING_ADD(TIMING_EPI_ACQUIRE, t_acquire);
+    if (!e.next_free) {
+        const long long t_acquire = MOK_TIMING_NOW();
+        if (e.t == 0) bulk_wait_group_read<kEpiBufs - 1>();
+        named_barrier_sync(1 + e.wg, 128);
+        MOK_TIMING_ADD(TIMING_EPI_ACQUIRE, t_acquire);
+    }
+    e.next_free = false;
     return mok_smem_u32(e.s->epi[e.wg][e.chunks % kEpiBufs]);
 }
 
@@ -193,11 +199,16 @@ __device__ __forceinline__ void epi_put_chunk(const epi_stager& e, uint32_t buf,
                     frag(2 * k + 1, 1));
 }
 
-/* Makes the buffer's generic-proxy writes visible to TMA; true in the thread that issues the store. */
+/* Makes the buffer's generic-proxy writes visible to TMA; true in the thread that issues the store.
+ * The same barrier also frees the next chunk's buffer: the issuing thread first waits for the
+ * store that used it (kEpiBufs chunks back) to have read it, so the next epi_acquire need not
+ * synchronise again (one barrier per chunk). */
 __device__ __forceinline__ bool epi_ready(epi_stager& e) {
     fence_proxy_async_shared();
+    if (e.t == 0) bulk_wait_group_read<kEpiBufs - 2>();
     named_barrier_sync(1 + e.wg, 128);
     ++e.chunks;
+    e.next_free = true;
     return e.t == 0;
 }
 
