@@ -93,5 +93,24 @@ int main(int argc, char** argv) {
         printf("%-34s %10.0f %8.2f\n", names[i], cyc, cyc / clock_khz * 1e3);
     }
     printf("(SM clock attribute %d MHz; clock64 counts SM cycles)\n", clock_khz / 1000);
+    {
+        /* how many CTA pairs fit at once (the clustered launch sizes its grid by this) */
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(132);
+        cfg.blockDim = dim3(mok_sm90::kThreads);
+        cfg.dynamicSmemBytes = sizeof(mok_sm90::smem_layout) + 1024;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = 2;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        int n = 0;
+        CHECK(cudaFuncSetAttribute(mok_sm90::grouped_gemm_bf16_nt_kernel<false, false, false, false, 2>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cfg.dynamicSmemBytes));
+        CHECK(cudaOccupancyMaxActiveClusters(&n, mok_sm90::grouped_gemm_bf16_nt_kernel<false, false, false, false, 2>, &cfg));
+        printf("2-CTA clusters resident at once: %d\n", n);
+    }
     return 0;
 }

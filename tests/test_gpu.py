@@ -136,3 +136,49 @@ def test_wgrad_sm90_matches_reference(tile, gather):
     assert rel_err(out, ref) < 1e-2
     again = ops.grouped_mm_wgrad(a, b, plan.src_of_row if gather else None, K if gather else 1, plan.offsets)
     assert torch.equal(out, again)
+
+
+@pytest.mark.parametrize("tile", [128, 8], ids=["aligned-plan", "unaligned-plan"])
+@pytest.mark.parametrize("shape", [(700, 256, 192, 8, 2), (301, 128, 72, 16, 4), (1, 64, 64, 4, 1)],
+                         ids=["odd-pairs", "small-experts", "one-token"])
+def test_sm90_cluster_pairs_are_bitwise_single_ctas(monkeypatch, tile, shape):
+    # The sm_90a GEMMs run CTA pairs that share B by TMA multicast (MOK_SM90_CLUSTER=2, default) or
+    # single CTAs (=1). Each output is the same K-ordered wgmma chain either way, so every kernel
+    # variant must agree bit for bit, including pairs whose tiles hold different experts, several
+    # segments (unaligned plans), or no rows at all.
+    from mok._ops import ops
+    from shapes import make_routing
+
+    T, H, I, E, K = shape
+    torch.manual_seed(T + tile)
+    idx = make_routing(T, K, E, "zipf").cuda()
+    plan = mok.functional.moe_plan(idx, E, tile=tile)
+    R = plan.src_of_row.shape[0]
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+    gate_up = torch.randn(E, 2 * I, H, device="cuda", dtype=torch.bfloat16) / H**0.5
+    down = torch.randn(E, H, I, device="cuda", dtype=torch.bfloat16) / I**0.5
+    rows = torch.randn(R, I, device="cuda", dtype=torch.bfloat16)
+    rows[plan.src_of_row < 0] = 0
+    x_rows = ops.gather_rows(x, plan.src_of_row, None, K)
+
+    def run():
+        act, h = ops.grouped_mm_swiglu(x, plan.src_of_row, plan.row_of, K, gate_up, plan.offsets)
+        act_r, h_r = ops.grouped_mm_swiglu(x, plan.src_of_row, plan.row_of, K, gate_up, plan.offsets, x_rows)
+        y = ops.grouped_mm(rows, None, 1, down, plan.offsets, True)                  # NT, TMA rows
+        y_g = ops.grouped_mm(x, plan.src_of_row, K, gate_up[:, :I, :].contiguous(), plan.offsets, True)  # gathered
+        d_rows = ops.grouped_mm(y, None, 1, down, plan.offsets, False)              # NN (dgrad)
+        d_g = ops.grouped_mm(x, plan.src_of_row, K, gate_up.transpose(1, 2)[:, :, :I].contiguous(), plan.offsets,
+                             False)                                                  # NN, gathered
+        w = ops.grouped_mm_wgrad(rows, x, plan.src_of_row, K, plan.offsets)          # wgrad, gathered
+        w2 = ops.grouped_mm_wgrad(rows, y, None, 1, plan.offsets)                    # wgrad, rows
+        torch.cuda.synchronize()
+        return [act, h, act_r, h_r, y, y_g, d_rows, d_g, w, w2]
+
+    monkeypatch.setenv("MOK_SM90_CLUSTER", "1")
+    single = run()
+    monkeypatch.setenv("MOK_SM90_CLUSTER", "2")
+    pairs = run()
+    for a, b in zip(single, pairs):
+        assert torch.equal(a, b)
+    assert torch.isfinite(pairs[4]).all() and rel_err(pairs[4], reference.grouped_mm(
+        rows.double().cpu(), down.double().cpu(), plan.offsets.cpu(), True)) < 1e-2

@@ -70,10 +70,19 @@ bool encode_mn_major(CUtensorMap* map, const void* base, int64_t N, int64_t K, i
     return encode_chunks(map, base, N, K, outer, N, N * K);
 }
 
-template <bool kSwiGLU, bool kGather, bool kBMN, bool kWgrad = false>
-int launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_out, const CUtensorMap& tma_act,
-           const mok_sm90::params& p, int num_sms, cudaStream_t stream) {
-    auto kernel = mok_sm90::grouped_gemm_bf16_nt_kernel<kSwiGLU, kGather, kBMN, kWgrad>;
+/* CTAs per cluster: 1, or 2 with MOK_SM90_CLUSTER=2 (a pair of M-tiles sharing B through TMA
+ * multicast; read on every call, so benchmarks and tests can compare both).
+ * NOTE: pairs are opt-in: with constant data (benchmarks/sm90_gemm_timing.cu) they were 1-10%
+ * slower than single CTAs on every shape measured (performance log v13). */
+int cluster_size() {
+    const char* env = getenv("MOK_SM90_CLUSTER");
+    return env && env[0] == '2' ? 2 : 1;
+}
+
+template <bool kSwiGLU, bool kGather, bool kBMN, bool kWgrad, int kCluster>
+int launch_cluster(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_out,
+                   const CUtensorMap& tma_act, const mok_sm90::params& p, int num_sms, cudaStream_t stream) {
+    auto kernel = mok_sm90::grouped_gemm_bf16_nt_kernel<kSwiGLU, kGather, kBMN, kWgrad, kCluster>;
     const int smem = (int)sizeof(mok_sm90::smem_layout) + 1024;
     static bool configured = false;
     if (!configured) {
@@ -81,11 +90,58 @@ int launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap
             return mok_launch_status();
         configured = true;
     }
-    const int64_t tiles = kWgrad ? p.E * mok_ceil_div(p.M, mok_sm90::BM) * p.num_n_tiles
-                                 : mok_ceil_div(p.R, mok_sm90::BM) * p.num_n_tiles;
-    const unsigned grid = mok_sched_grid(tiles, num_sms, 1);
-    kernel<<<grid, mok_sm90::kThreads, smem, stream>>>(tma_a, tma_b, tma_out, tma_act, p);
+    /* ---- units of kCluster M-tiles; every CTA of a cluster walks the same units ---- */
+    const int64_t unit_m = (int64_t)mok_sm90::BM * kCluster;
+    const int64_t units = kWgrad ? p.E * mok_ceil_div(p.M, unit_m) * p.num_n_tiles
+                                 : mok_ceil_div(p.R, unit_m) * p.num_n_tiles;
+    if (kCluster == 1) {
+        kernel<<<mok_sched_grid(units, num_sms, 1), mok_sm90::kThreads, smem, stream>>>(tma_a, tma_b, tma_out, tma_act,
+                                                                                       p);
+        return mok_launch_status();
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(mok_sm90::kThreads);
+    cfg.dynamicSmemBytes = (size_t)smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kCluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    /* NOTE: a persistent grid must be resident at once: a pair needs two free SMs of one GPC, so
+     * fewer pairs than SMs / 2 may fit; one more pair would run as a second wave (measured: the
+     * kernel 1.7x slower). Ask the occupancy API how many fit. */
+    static int max_clusters = 0;
+    if (max_clusters == 0) {
+        cfg.gridDim = dim3((unsigned)(num_sms / kCluster * kCluster));
+        int n = 0;
+        if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess || n < 1) {
+            (void)cudaGetLastError();
+            n = 1;
+        }
+        max_clusters = n;
+    }
+    int64_t clusters = units < max_clusters ? units : max_clusters;
+    const int64_t sm_pairs = num_sms / kCluster > 0 ? num_sms / kCluster : 1;
+    clusters = clusters < sm_pairs ? clusters : sm_pairs;
+    cfg.gridDim = dim3((unsigned)(clusters * kCluster));
+    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, tma_a, tma_b, tma_out, tma_act, p);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return (int)err;
+    }
     return mok_launch_status();
+}
+
+template <bool kSwiGLU, bool kGather, bool kBMN, bool kWgrad = false>
+int launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_out, const CUtensorMap& tma_act,
+           const mok_sm90::params& p, int num_sms, cudaStream_t stream) {
+    /* NOTE: a pair needs two SMs of one GPC; with fewer SMs than that, one CTA per cluster. */
+    if (cluster_size() == 2 && num_sms >= 2)
+        return launch_cluster<kSwiGLU, kGather, kBMN, kWgrad, 2>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream);
+    return launch_cluster<kSwiGLU, kGather, kBMN, kWgrad, 1>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream);
 }
 
 }  // namespace

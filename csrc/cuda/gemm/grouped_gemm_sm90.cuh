@@ -12,6 +12,9 @@
  *                    tile's mainloop starts), plain or with the fused SwiGLU.
  *
  * Tile 128 x 256 x 64, kStages-deep shared-memory ring; full/empty mbarriers per stage.
+ * With kCluster = 2 the CTAs of a cluster take pairs of M-tiles (the same N-tile); where both run
+ * the same expert each loads half of the B tile and multicasts it into both CTAs' rings (32 KiB of
+ * L2 traffic per K-block per SM instead of 48), and consumers release a stage in both CTAs.
  * The SwiGLU variant reads gate rows [n0, n0 + 128) and up rows [I + n0, I + n0 + 128) of the
  * expert's [2I, K] weight into one 256-row B tile, so each thread holds a gate value and its up
  * value in the same registers and writes h = [gate | up] and act = silu(gate) * up itself.
@@ -39,6 +42,7 @@
 
 #include "../common/dtype.cuh"
 #include "../common/swiglu.cuh"
+#include "../ptx/cluster.cuh"
 #include "../ptx/mbarrier.cuh"
 #include "../ptx/stmatrix.cuh"
 #include "../ptx/tma.cuh"
@@ -253,21 +257,84 @@ __device__ __forceinline__ segment_walk segments_of(const params& p, const int32
     return w;
 }
 
+/* The expert segments of the pair of M-tiles of a 2-CTA cluster, walked in lockstep ("passes").
+ * The two CTAs must consume the same number of ring stages per unit (the producers write into each
+ * other's stages), so a unit runs max(segments of either tile) passes; a CTA with fewer segments
+ * runs its peer's expert in the extra passes (dummy passes: loads and MMAs, no epilogue). A pass
+ * whose two experts are the same loads half of B in each CTA and multicasts it to both.
+ * With one CTA per cluster the peer walk is empty and the passes are the tile's segments. */
+__device__ __forceinline__ segment_walk skip_empty(const int32_t* offs, segment_walk w) {
+    while (w.e <= w.e_last && offs[w.e] == offs[w.e + 1]) ++w.e;
+    return w;
+}
+
+struct pass_walk {
+    segment_walk mine, peer;
+};
+
+__device__ __forceinline__ pass_walk passes_of(const params& p, const int32_t* offs, int64_t m0, int64_t m0_peer,
+                                               bool has_peer, int64_t rows_used) {
+    pass_walk w;
+    w.mine.e = 1;
+    w.mine.e_last = 0;
+    w.peer = w.mine;
+    if (m0 < rows_used) w.mine = skip_empty(offs, segments_of(p, offs, m0, rows_used));
+    if (has_peer && m0_peer < rows_used) w.peer = skip_empty(offs, segments_of(p, offs, m0_peer, rows_used));
+    return w;
+}
+
+__device__ __forceinline__ bool pass_more(const pass_walk& w) {
+    return w.mine.e <= w.mine.e_last || w.peer.e <= w.peer.e_last;
+}
+/* This CTA's own segment (false: a dummy pass on the peer's expert). */
+__device__ __forceinline__ bool pass_real(const pass_walk& w) { return w.mine.e <= w.mine.e_last; }
+__device__ __forceinline__ int32_t pass_expert(const pass_walk& w) { return pass_real(w) ? w.mine.e : w.peer.e; }
+/* Both CTAs run the same expert in this pass (so they share its B tiles). */
+__device__ __forceinline__ bool pass_shared(const pass_walk& w) {
+    const int32_t peer_e = w.peer.e <= w.peer.e_last ? w.peer.e : w.mine.e;
+    return pass_expert(w) == peer_e;
+}
+/* The last pass of the unit. */
+__device__ __forceinline__ bool pass_last(const int32_t* offs, const pass_walk& w) {
+    pass_walk n = w;
+    if (n.mine.e <= n.mine.e_last) n.mine = skip_empty(offs, segment_walk{n.mine.e + 1, n.mine.e_last});
+    if (n.peer.e <= n.peer.e_last) n.peer = skip_empty(offs, segment_walk{n.peer.e + 1, n.peer.e_last});
+    return !pass_more(n);
+}
+__device__ __forceinline__ void pass_advance(const int32_t* offs, pass_walk& w) {
+    if (w.mine.e <= w.mine.e_last) w.mine = skip_empty(offs, segment_walk{w.mine.e + 1, w.mine.e_last});
+    if (w.peer.e <= w.peer.e_last) w.peer = skip_empty(offs, segment_walk{w.peer.e + 1, w.peer.e_last});
+}
+
+/* This CTA's M-tile of a unit of kCluster M-tiles (rank r takes M-tile kCluster * unit + r). */
+template <int kCluster>
+__device__ __forceinline__ mok_tile cta_tile(const mok_tile& unit, uint32_t rank, int64_t rows_used) {
+    mok_tile t = unit;
+    t.m_tile = unit.m_tile * kCluster + rank;
+    t.m0 = unit.m0 + (int64_t)rank * BM;
+    t.in_use = t.m0 < rows_used ? 1 : 0;
+    return t;
+}
+
 /* ------------------------------------------------------------------------------------------------
  * producer
  * ---------------------------------------------------------------------------------------------- */
-template <bool kSwiGLU, bool kGather, bool kBMN>
+template <bool kSwiGLU, bool kGather, bool kBMN, int kCluster>
 __device__ __forceinline__ void produce(smem_layout& s, const params& p, const CUtensorMap* tma_a,
                                         const CUtensorMap* tma_b, int64_t rows_used) {
     const int tid = threadIdx.x; /* 0..127 */
     const int32_t* offs = plan_offsets(s, p);
     const int64_t num_kb = (p.Kd + BK - 1) / BK;
+    const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
     uint32_t stage = 0, phase = 0;
     mok_tile_sched sched;
-    mok_sched_init(&sched, 1, (p.R + BM - 1) / BM, p.num_n_tiles, BM, rows_used);
-    mok_tile tile;
-    while (mok_sched_next_tile(&sched, &tile)) {
-        if (!tile.in_use) continue;
+    mok_sched_init(&sched, 1, (p.R + BM * kCluster - 1) / (BM * kCluster), p.num_n_tiles, BM * kCluster, rows_used);
+    mok_sched_per_cluster(&sched, kCluster);
+    mok_tile unit;
+    while (mok_sched_next_tile(&sched, &unit)) {
+        const mok_tile tile = cta_tile<kCluster>(unit, rank, rows_used);
+        pass_walk w = passes_of(p, offs, tile.m0, unit.m0 + (int64_t)(rank ^ 1) * BM, kCluster > 1, rows_used);
+        if (!pass_more(w)) continue;
         mok_sched_wait_ready(&tile);
         const int32_t n_coord = (int32_t)(tile.n_tile * (kSwiGLU ? BN / 2 : BN));
         /* ---- gathered rows of this thread (chunk tid % 8 of rows tid / 8 + 16 j), once per tile ----
@@ -282,29 +349,42 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
                 rows[j] = src >= 0 ? p.a + (int64_t)(src / p.a_gather_div) * p.Kd + (tid & 7) * 8 : nullptr;
             }
         }
-        for (segment_walk w = segments_of(p, offs, tile.m0, rows_used); w.e <= w.e_last; ++w.e) {
-            if (offs[w.e] == offs[w.e + 1]) continue;
+        for (; pass_more(w); pass_advance(offs, w)) {
+            const int32_t e = pass_expert(w);
+            const bool shared = kCluster > 1 && pass_shared(w);
             for (int64_t kb = 0; kb < num_kb; ++kb) {
-                /* ---- wait until the consumers have released the stage ---- */
+                /* ---- wait until the consumers (of both CTAs, in a cluster) have released the stage ---- */
                 mbarrier_wait_parity(&s.empty[stage], phase ^ 1);
                 const int32_t k0 = (int32_t)(kb * BK);
                 if (tid == 0) {
                     mbarrier_arrive_expect_tx(&s.full[stage], B_STAGE_BYTES + (kGather ? 0 : A_STAGE_BYTES));
                     /* ---- issue TMA for B: two 128-row boxes (gate | up, or n0 | n0 + 128), or
-                     * four [64 K][64 N] chunks of the N-major weight ---- */
+                     * four [64 K][64 N] chunks of the N-major weight; shared: this CTA loads its
+                     * half (box or chunk pair `rank`) into both CTAs ---- */
                     if (kBMN) {
 #pragma unroll
-                        for (int j = 0; j < BN / MN_CHUNK; ++j)
-                            tma_load_3d(&s.b[stage][j * MN_CHUNK_ELEMS], tma_b, &s.full[stage], n_coord + j * MN_CHUNK,
-                                        k0, w.e);
-                    } else if (kSwiGLU) {
-                        tma_load_4d(&s.b[stage][0], tma_b, &s.full[stage], k0, n_coord, 0, w.e);
-                        tma_load_4d(&s.b[stage][(BN / 2) * BK], tma_b, &s.full[stage], k0, n_coord, 1, w.e);
+                        for (int j = 0; j < BN / MN_CHUNK; ++j) {
+                            if (shared && (j >> 1) != (int)rank) continue;
+                            __nv_bfloat16* dst = &s.b[stage][j * MN_CHUNK_ELEMS];
+                            if (shared)
+                                tma_load_3d_multicast(dst, tma_b, &s.full[stage], 0x3, n_coord + j * MN_CHUNK, k0, e);
+                            else
+                                tma_load_3d(dst, tma_b, &s.full[stage], n_coord + j * MN_CHUNK, k0, e);
+                        }
                     } else {
-                        tma_load_4d(&s.b[stage][0], tma_b, &s.full[stage], k0, n_coord, 0, w.e);
-                        tma_load_4d(&s.b[stage][(BN / 2) * BK], tma_b, &s.full[stage], k0, n_coord + BN / 2, 0, w.e);
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            if (shared && h != (int)rank) continue;
+                            __nv_bfloat16* dst = &s.b[stage][h * (BN / 2) * BK];
+                            /* gate / up rows of the [E, 2, I, K] view, or rows n0 + 128 h */
+                            const int32_t c1 = kSwiGLU ? n_coord : n_coord + h * (BN / 2), c2 = kSwiGLU ? h : 0;
+                            if (shared)
+                                tma_load_4d_multicast(dst, tma_b, &s.full[stage], 0x3, k0, c1, c2, e);
+                            else
+                                tma_load_4d(dst, tma_b, &s.full[stage], k0, c1, c2, e);
+                        }
                     }
-                    /* ---- issue TMA for A (contiguous rows) ---- */
+                    /* ---- issue TMA for A (contiguous rows; past R: zero-filled) ---- */
                     if (!kGather) tma_load_2d(&s.a[stage][0], tma_a, &s.full[stage], k0, (int32_t)tile.m0);
                 }
                 if (kGather) {
@@ -366,7 +446,15 @@ __device__ __forceinline__ uint64_t operand_desc(uint32_t smem_addr, int k16) {
 
 /* The mainloop of one tile: wait for each K-block's stage, 4 wgmma k16 steps on it; the stage of
  * the previous K-block is released once its wgmma group has retired (one group stays in flight). */
-template <bool kGather, bool kAMN, bool kBMN, typename Hook>
+/* A consumer warp's release of a ring stage: an arrival on its empty barrier here and, in a
+ * 2-CTA cluster, on the peer's (whose producer multicasts into this CTA's stage too). */
+template <int kCluster>
+__device__ __forceinline__ void release_stage(smem_layout& s, uint32_t stage) {
+    mbarrier_arrive(&s.empty[stage]);
+    if (kCluster > 1) mbarrier_arrive_cluster(&s.empty[stage], cluster_ctarank() ^ 1);
+}
+
+template <bool kGather, bool kAMN, bool kBMN, int kCluster, typename Hook>
 __device__ __forceinline__ void consume_kblocks(smem_layout& s, float* acc, int64_t num_kb, uint32_t& stage,
                                                 uint32_t& phase, int wg, int lane, Hook&& while_first_kblock_runs) {
     uint32_t prev_stage = 0;
@@ -392,8 +480,9 @@ __device__ __forceinline__ void consume_kblocks(smem_layout& s, float* acc, int6
          * the next tile (scheduler, expert lookup) costs no tensor-core time here. */
         if (kb == 0) while_first_kblock_runs();
         wgmma_wait_group<1>();
-        /* ---- release the previous stage: one arrival per consumer warp ---- */
-        if (kb > 0 && lane == 0) mbarrier_arrive(&s.empty[prev_stage]);
+        /* ---- release the previous stage: one arrival per consumer warp (in both CTAs of a
+         * cluster: either producer writes into both) ---- */
+        if (kb > 0 && lane == 0) release_stage<kCluster>(s, prev_stage);
         prev_stage = stage;
         if (++stage == kStages) {
             stage = 0;
@@ -403,7 +492,7 @@ __device__ __forceinline__ void consume_kblocks(smem_layout& s, float* acc, int6
     const long long t_drain = MOK_TIMING_NOW();
     wgmma_wait_group<0>();
     MOK_TIMING_ADD(TIMING_DRAIN, t_drain);
-    if (num_kb > 0 && lane == 0) mbarrier_arrive(&s.empty[prev_stage]);
+    if (num_kb > 0 && lane == 0) release_stage<kCluster>(s, prev_stage);
 }
 
 /* TMA-store epilogue of a tile whose rows all belong to one expert segment: this warpgroup's rows
@@ -454,7 +543,7 @@ __device__ __forceinline__ void store_tile_tma(epi_stager& e, const params& p, c
     }
 }
 
-template <bool kSwiGLU, bool kGather, bool kBMN>
+template <bool kSwiGLU, bool kGather, bool kBMN, int kCluster>
 __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used, const CUtensorMap* tma_out,
                                         const CUtensorMap* tma_act) {
     const int wg = (threadIdx.x / 128) - 1; /* consumer warpgroup 0 or 1: rows wg * 64 .. + 64 */
@@ -466,24 +555,27 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
     const int64_t num_kb = (p.Kd + BK - 1) / BK;
     const int32_t* offs = plan_offsets(s, p);
     const int64_t off0 = offs[0];
+    const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
     uint32_t stage = 0, phase = 0;
     float acc[BN / 2];
     epi_stager epi = make_epi_stager(s, wg, t);
 
     mok_tile_sched sched;
-    mok_sched_init(&sched, 1, (p.R + BM - 1) / BM, p.num_n_tiles, BM, rows_used);
+    mok_sched_init(&sched, 1, (p.R + BM * kCluster - 1) / (BM * kCluster), p.num_n_tiles, BM * kCluster, rows_used);
+    mok_sched_per_cluster(&sched, kCluster);
     /* The next tile and its expert segments are looked up while the current tile's first K-block
      * runs on the tensor cores (measured: 1.0 us per tile between tiles otherwise). */
     struct tile_job {
         mok_tile tile;
-        segment_walk w;
+        pass_walk w;
         bool valid;
     };
     auto fetch = [&](tile_job& j) {
-        j.valid = mok_sched_next_tile(&sched, &j.tile);
-        j.w.e = 1;
-        j.w.e_last = 0;
-        if (j.valid && j.tile.in_use) j.w = segments_of(p, offs, j.tile.m0, rows_used);
+        mok_tile unit;
+        j.valid = mok_sched_next_tile(&sched, &unit);
+        if (!j.valid) return;
+        j.tile = cta_tile<kCluster>(unit, rank, rows_used);
+        j.w = passes_of(p, offs, j.tile.m0, unit.m0 + (int64_t)(rank ^ 1) * BM, kCluster > 1, rows_used);
     };
     tile_job cur;
     fetch(cur);
@@ -501,17 +593,21 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
             const int64_t row = tile.m0 + r_lo + 8 * h;
             if (row < p.R && (row < off0 || row >= rows_used)) store_zero_row<kSwiGLU>(p, row, tile.n_tile, lane4);
         }
-        for (segment_walk w = cur.w; tile.in_use && w.e <= w.e_last; ++w.e) {
-            const int64_t seg_lo = offs[w.e], seg_hi = offs[w.e + 1];
-            if (seg_lo == seg_hi) continue;
-            const bool last_segment = w.e == cur.w.e_last;
+        for (pass_walk w = cur.w; pass_more(w); pass_advance(offs, w)) {
+            const bool last_pass = pass_last(offs, w);
             MOK_TIMING_ADD(TIMING_SETUP, t_setup);
             const long long t_main = MOK_TIMING_NOW();
-            consume_kblocks<kGather, false, kBMN>(s, acc, num_kb, stage, phase, wg, lane, [&] {
-                if (last_segment) fetch_next();
+            consume_kblocks<kGather, false, kBMN, kCluster>(s, acc, num_kb, stage, phase, wg, lane, [&] {
+                if (last_pass) fetch_next();
             });
             MOK_TIMING_ADD(TIMING_MAINLOOP, t_main);
             MOK_TIMING_COUNT(TIMING_TILES);
+            if (!pass_real(w)) {
+                /* ---- a dummy pass (the peer's expert, for the peer's sake): nothing to store ---- */
+                t_setup = MOK_TIMING_NOW();
+                continue;
+            }
+            const int64_t seg_lo = offs[w.mine.e], seg_hi = offs[w.mine.e + 1];
             const int64_t tile_end = tile.m0 + BM < p.R ? tile.m0 + BM : p.R;
             if (seg_lo <= tile.m0 && seg_hi >= tile_end) {
                 /* ---- epilogue: the whole tile is one segment (mok's plans): TMA stores ---- */
@@ -572,15 +668,20 @@ __device__ __forceinline__ int64_t wgrad_kblocks(const params& p, const int32_t*
     return (hi - lo) / BK;
 }
 
+template <int kCluster>
 __device__ __forceinline__ void produce_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_a,
                                               const CUtensorMap* tma_b) {
     if (threadIdx.x != 0) return; /* TMA only: one thread issues everything */
     const int32_t* offs = plan_offsets(s, p);
+    const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
     uint32_t stage = 0, phase = 0;
     mok_tile_sched sched;
-    mok_sched_init(&sched, p.E, (p.M + BM - 1) / BM, p.num_n_tiles, BM, INT64_MAX);
-    mok_tile tile;
-    while (mok_sched_next_tile(&sched, &tile)) {
+    mok_sched_init(&sched, p.E, (p.M + BM * kCluster - 1) / (BM * kCluster), p.num_n_tiles, BM * kCluster, INT64_MAX);
+    mok_sched_per_cluster(&sched, kCluster);
+    mok_tile unit;
+    while (mok_sched_next_tile(&sched, &unit)) {
+        /* both CTAs of a cluster: the same expert, K-blocks and N-tile, so B is always shared */
+        const mok_tile tile = cta_tile<kCluster>(unit, rank, INT64_MAX);
         const int64_t num_kb = wgrad_kblocks(p, offs, tile.group);
         const int32_t lo = offs[tile.group];
         const int32_t n0 = (int32_t)(tile.n_tile * BN);
@@ -588,13 +689,21 @@ __device__ __forceinline__ void produce_wgrad(smem_layout& s, const params& p, c
             mbarrier_wait_parity(&s.empty[stage], phase ^ 1);
             const int32_t k0 = lo + (int32_t)(kb * BK);
             mbarrier_arrive_expect_tx(&s.full[stage], B_STAGE_BYTES + A_STAGE_BYTES);
-            /* ---- MN-major chunks [64 rows][64 columns]: 2 of a, 4 of b ---- */
+            /* ---- MN-major chunks [64 rows][64 columns]: 2 of a (past M: zero-filled), 4 of b (in a
+             * cluster: chunks 2 rank, 2 rank + 1, into both CTAs) ---- */
 #pragma unroll
             for (int j = 0; j < BM / MN_CHUNK; ++j)
                 tma_load_3d(&s.a[stage][j * MN_CHUNK_ELEMS], tma_a, &s.full[stage], (int32_t)tile.m0 + j * MN_CHUNK, k0, 0);
 #pragma unroll
-            for (int j = 0; j < BN / MN_CHUNK; ++j)
-                tma_load_3d(&s.b[stage][j * MN_CHUNK_ELEMS], tma_b, &s.full[stage], n0 + j * MN_CHUNK, k0, 0);
+            for (int j = 0; j < BN / MN_CHUNK; ++j) {
+                if (kCluster > 1) {
+                    if ((j >> 1) == (int)rank)
+                        tma_load_3d_multicast(&s.b[stage][j * MN_CHUNK_ELEMS], tma_b, &s.full[stage], 0x3,
+                                              n0 + j * MN_CHUNK, k0, 0);
+                } else {
+                    tma_load_3d(&s.b[stage][j * MN_CHUNK_ELEMS], tma_b, &s.full[stage], n0 + j * MN_CHUNK, k0, 0);
+                }
+            }
             if (++stage == kStages) {
                 stage = 0;
                 phase ^= 1;
@@ -603,6 +712,7 @@ __device__ __forceinline__ void produce_wgrad(smem_layout& s, const params& p, c
     }
 }
 
+template <int kCluster>
 __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_out) {
     const int wg = (threadIdx.x / 128) - 1;
     const int t = threadIdx.x & 127;
@@ -610,17 +720,20 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
     const int lane4 = lane & 3;
     const int r_lo = wg * 64 + warp * 16 + (lane >> 2);
     const int32_t* offs = plan_offsets(s, p);
+    const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
     uint32_t stage = 0, phase = 0;
     float acc[BN / 2];
     epi_stager epi = make_epi_stager(s, wg, t);
 
     mok_tile_sched sched;
-    mok_sched_init(&sched, p.E, (p.M + BM - 1) / BM, p.num_n_tiles, BM, INT64_MAX);
-    mok_tile tile;
-    while (mok_sched_next_tile(&sched, &tile)) {
+    mok_sched_init(&sched, p.E, (p.M + BM * kCluster - 1) / (BM * kCluster), p.num_n_tiles, BM * kCluster, INT64_MAX);
+    mok_sched_per_cluster(&sched, kCluster);
+    mok_tile unit;
+    while (mok_sched_next_tile(&sched, &unit)) {
+        const mok_tile tile = cta_tile<kCluster>(unit, rank, INT64_MAX);
         const int64_t num_kb = wgrad_kblocks(p, offs, tile.group);
         if (num_kb > 0) {
-            consume_kblocks<false, true, true>(s, acc, num_kb, stage, phase, wg, lane, [] {});
+            consume_kblocks<false, true, true, kCluster>(s, acc, num_kb, stage, phase, wg, lane, [] {});
         } else {
             /* ---- no rows (zeros), or unaligned rows: one FMA chain per output, in row order ---- */
             int64_t lo = offs[tile.group], hi = num_kb == 0 ? lo : offs[tile.group + 1];
@@ -661,13 +774,14 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
     if (t == 0) bulk_wait_group<0>();
 }
 
-template <bool kSwiGLU, bool kGather, bool kBMN, bool kWgrad>
+template <bool kSwiGLU, bool kGather, bool kBMN, bool kWgrad, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_bf16_nt_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                                 const __grid_constant__ CUtensorMap tma_out, const __grid_constant__ CUtensorMap tma_act,
                                 const params p) {
     static_assert(!kWgrad || (!kSwiGLU && !kGather && !kBMN), "the weight-gradient variant reads both operands by TMA");
     static_assert(!(kSwiGLU && kBMN), "the SwiGLU epilogue reads gate and up rows of a K-major weight");
+    static_assert(kCluster == 1 || kCluster == 2, "one CTA, or a pair sharing B by multicast");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     /* NOTE: the 128B swizzle pattern is a function of address bits [9:4]: align the ring to 1024. */
     smem_layout& s = *reinterpret_cast<smem_layout*>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -677,7 +791,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
         for (int i = 0; i < kStages; ++i) {
             mbarrier_init(&s.full[i], kGather ? 1 + 128 : 1);
-            mbarrier_init(&s.empty[i], 8);
+            mbarrier_init(&s.empty[i], 8 * kCluster); /* every consumer warp of the cluster */
         }
         fence_mbarrier_init();
         tma_prefetch_descriptor(&tma_b);
@@ -686,22 +800,34 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (p.E + 1 <= kSmemOffsets) {
         for (int i = threadIdx.x; i <= p.E; i += kThreads) s.offsets[i] = p.offsets[i];
     }
-    __syncthreads();
+    /* NOTE: in a cluster the peer's first multicast may land before this CTA's producer starts, so
+     * its barriers must be initialised cluster-wide first. */
+    if (kCluster > 1) {
+        cluster_sync();
+    } else {
+        __syncthreads();
+    }
 
     if (threadIdx.x < 128) {
         setmaxnreg_dec<kProducerRegs>();
         if (kWgrad) {
-            produce_wgrad(s, p, &tma_a, &tma_b);
+            produce_wgrad<kCluster>(s, p, &tma_a, &tma_b);
         } else {
-            produce<kSwiGLU, kGather, kBMN>(s, p, &tma_a, &tma_b, mok_rows_in_use(plan_offsets(s, p), p.E, p.R));
+            produce<kSwiGLU, kGather, kBMN, kCluster>(s, p, &tma_a, &tma_b, mok_rows_in_use(plan_offsets(s, p), p.E, p.R));
         }
     } else {
         setmaxnreg_inc<kConsumerRegs>();
         if (kWgrad) {
-            consume_wgrad(s, p, &tma_out);
+            consume_wgrad<kCluster>(s, p, &tma_out);
         } else {
-            consume<kSwiGLU, kGather, kBMN>(s, p, mok_rows_in_use(plan_offsets(s, p), p.E, p.R), &tma_out, &tma_act);
+            consume<kSwiGLU, kGather, kBMN, kCluster>(s, p, mok_rows_in_use(plan_offsets(s, p), p.E, p.R), &tma_out, &tma_act);
         }
+    }
+    /* ---- a CTA's shared memory (stages, barriers) must outlive its peer's multicasts and
+     * remote arrivals (NOTE: the barrier is .aligned: reconverge the producer warp first) ---- */
+    if (kCluster > 1) {
+        __syncwarp();
+        cluster_sync();
     }
 }
 

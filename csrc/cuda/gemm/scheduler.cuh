@@ -89,6 +89,13 @@ __device__ __forceinline__ void mok_sched_init(struct mok_tile_sched* s, int64_t
     s->per_band = (int64_t)MOK_SCHED_BAND * num_n_tiles;
 }
 
+/* Units of `ctas` CTAs (a thread-block cluster): the walk hands unit b / ctas, b / ctas +
+ * gridDim.x / ctas, ... to every CTA b of the cluster, which then takes its part of the unit. */
+__device__ __forceinline__ void mok_sched_per_cluster(struct mok_tile_sched* s, int ctas) {
+    s->next = (int64_t)(blockIdx.x / (unsigned)ctas);
+    s->stride = (int64_t)(gridDim.x / (unsigned)ctas);
+}
+
 /* The next tile of this CTA; false when the CTA is done. Every thread of the CTA calls it and gets
  * the same tile (the walk depends on blockIdx only). */
 __device__ __forceinline__ bool mok_sched_next_tile(struct mok_tile_sched* s, struct mok_tile* t) {
