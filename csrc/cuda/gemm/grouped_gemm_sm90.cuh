@@ -306,6 +306,14 @@ __device__ __forceinline__ void pass_advance(const int32_t* offs, pass_walk& w) 
     if (w.peer.e <= w.peer.e_last) w.peer = skip_empty(offs, segment_walk{w.peer.e + 1, w.peer.e_last});
 }
 
+/* The walk over units of kCluster M-tiles of `rows` rows (pairs for a 2-CTA cluster). */
+template <int kCluster>
+__device__ __forceinline__ void sched_units(mok_tile_sched* sched, int64_t groups, int64_t rows, int64_t n_tiles,
+                                            int64_t rows_used) {
+    mok_sched_init(sched, groups, (rows + BM * kCluster - 1) / (BM * kCluster), n_tiles, BM * kCluster, rows_used);
+    mok_sched_per_cluster(sched, kCluster);
+}
+
 /* This CTA's M-tile of a unit of kCluster M-tiles (rank r takes M-tile kCluster * unit + r). */
 template <int kCluster>
 __device__ __forceinline__ mok_tile cta_tile(const mok_tile& unit, uint32_t rank, int64_t rows_used) {
@@ -328,8 +336,7 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
     const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
     uint32_t stage = 0, phase = 0;
     mok_tile_sched sched;
-    mok_sched_init(&sched, 1, (p.R + BM * kCluster - 1) / (BM * kCluster), p.num_n_tiles, BM * kCluster, rows_used);
-    mok_sched_per_cluster(&sched, kCluster);
+    sched_units<kCluster>(&sched, 1, p.R, p.num_n_tiles, rows_used);
     mok_tile unit;
     while (mok_sched_next_tile(&sched, &unit)) {
         const mok_tile tile = cta_tile<kCluster>(unit, rank, rows_used);
@@ -561,8 +568,7 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
     epi_stager epi = make_epi_stager(s, wg, t);
 
     mok_tile_sched sched;
-    mok_sched_init(&sched, 1, (p.R + BM * kCluster - 1) / (BM * kCluster), p.num_n_tiles, BM * kCluster, rows_used);
-    mok_sched_per_cluster(&sched, kCluster);
+    sched_units<kCluster>(&sched, 1, p.R, p.num_n_tiles, rows_used);
     /* The next tile and its expert segments are looked up while the current tile's first K-block
      * runs on the tensor cores (measured: 1.0 us per tile between tiles otherwise). */
     struct tile_job {
@@ -676,8 +682,7 @@ __device__ __forceinline__ void produce_wgrad(smem_layout& s, const params& p, c
     const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
     uint32_t stage = 0, phase = 0;
     mok_tile_sched sched;
-    mok_sched_init(&sched, p.E, (p.M + BM * kCluster - 1) / (BM * kCluster), p.num_n_tiles, BM * kCluster, INT64_MAX);
-    mok_sched_per_cluster(&sched, kCluster);
+    sched_units<kCluster>(&sched, p.E, p.M, p.num_n_tiles, INT64_MAX);
     mok_tile unit;
     while (mok_sched_next_tile(&sched, &unit)) {
         /* both CTAs of a cluster: the same expert, K-blocks and N-tile, so B is always shared */
@@ -726,8 +731,7 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
     epi_stager epi = make_epi_stager(s, wg, t);
 
     mok_tile_sched sched;
-    mok_sched_init(&sched, p.E, (p.M + BM * kCluster - 1) / (BM * kCluster), p.num_n_tiles, BM * kCluster, INT64_MAX);
-    mok_sched_per_cluster(&sched, kCluster);
+    sched_units<kCluster>(&sched, p.E, p.M, p.num_n_tiles, INT64_MAX);
     mok_tile unit;
     while (mok_sched_next_tile(&sched, &unit)) {
         const mok_tile tile = cta_tile<kCluster>(unit, rank, INT64_MAX);
