@@ -226,6 +226,8 @@ def _grouped_mm_swiglu_setup(ctx, inputs, output):
 
 
 def _grouped_mm_swiglu_backward(ctx, grad_act, grad_h):
+    from ._gate_up import gate_up_backward
+
     x, src_of_row, row_of, gate_up, offsets, h, x_rows = ctx.saved_tensors
     if grad_act is not None:
         d_h = ops.swiglu_backward(h, grad_act.contiguous())
@@ -233,15 +235,8 @@ def _grouped_mm_swiglu_backward(ctx, grad_act, grad_h):
             d_h = d_h + grad_h
     else:
         d_h = grad_h.contiguous() if grad_h is not None else torch.zeros_like(h)
-    d_x = d_w = None
-    if ctx.needs_input_grad[0]:
-        d_rows = ops.grouped_mm(d_h, None, 1, gate_up, offsets, False)
-        d_x = ops.combine(d_rows, row_of, src_of_row, None)  # sum of each token's K rows, fixed order
-    if ctx.needs_input_grad[4]:
-        if x_rows is not None:
-            d_w = ops.grouped_mm_wgrad(d_h, x_rows, None, 1, offsets)
-        else:
-            d_w = ops.grouped_mm_wgrad(d_h, x, src_of_row, ctx.top_k, offsets)
+    d_x, d_w = gate_up_backward(d_h, x, src_of_row, row_of, ctx.top_k, gate_up, offsets, x_rows,
+                                ctx.needs_input_grad[0], ctx.needs_input_grad[4])
     return d_x, None, None, None, d_w, None, None
 
 

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import _ep_ops  # noqa: F401  (fakes and autograd of mok::ep_dispatch / mok::ep_combine)
+from ._gate_up import gate_up_swiglu
 from ._ops import ops
 from .functional import moe_plan
 
@@ -249,7 +250,7 @@ def _local_experts(recv, eid, gate_up, down):
     """The local experts on received rows [W * C, H] (slot expert ids eid [W * C], -1 = empty):
     each row its own token with K = 1; empty slots come out as zero rows."""
     plan = moe_plan(eid.view(-1, 1), gate_up.shape[0], skip_invalid=True)
-    act, _h = ops.grouped_mm_swiglu(recv, plan.src_of_row, plan.row_of, 1, gate_up, plan.offsets)
+    act = gate_up_swiglu(recv, plan.src_of_row, plan.row_of, 1, gate_up, plan.offsets)
     rows = ops.grouped_mm(act, None, 1, down, plan.offsets, True)
     return ops.combine(rows, plan.row_of, plan.src_of_row, None)
 

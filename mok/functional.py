@@ -6,6 +6,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from . import _errors
+from ._gate_up import gate_up_swiglu
 from ._ops import ops, plan_tile_for
 
 _SCORE_FUNCS = {"softmax": 0, "sigmoid": 1}
@@ -162,7 +163,9 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
         # for gate_up_proj's weight gradient, which would otherwise gather x again. (Gathering
         # on load in GEMM1 costs more than this copy: docs/performance-log.md, v11.)
         x_rows = ops.gather_rows(x.detach(), plan.src_of_row, None, K)
-    act, _h = ops.grouped_mm_swiglu(x, plan.src_of_row, plan.row_of, K, gate_up_proj, plan.offsets, x_rows)
+    # Two autograd nodes over the fused GEMM1 + SwiGLU kernel, so that h and d_act are freed before
+    # GEMM1's backward (peak memory: mok/_gate_up.py).
+    act = gate_up_swiglu(x, plan.src_of_row, plan.row_of, K, gate_up_proj, plan.offsets, x_rows)
     rows = ops.grouped_mm(act, None, 1, down_proj, plan.offsets, True)
     return ops.combine(rows, plan.row_of, plan.src_of_row, topk_w.to(acc).contiguous())
 
