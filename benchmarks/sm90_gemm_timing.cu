@@ -6,7 +6,11 @@
  *
  *   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DMOK_SM90_TIMING -Icsrc/cuda \
  *        -o /tmp/sm90_gemm_timing benchmarks/sm90_gemm_timing.cu -lcuda && /tmp/sm90_gemm_timing
- *   /tmp/sm90_gemm_timing R E N K [swiglu|nn]        (default: Qwen3-30B-A3B's down projection)
+ *   /tmp/sm90_gemm_timing R E N K [swiglu|nn] [const]   (default: Qwen3-30B-A3B's down projection)
+ *
+ * Operands are pseudo-random bf16 in [-1, 1) unless `const` asks for one repeated value (what the
+ * v10-v13 measurements used: it keeps clocks high, and may flatter the memory system, as L2 and
+ * DRAM compress uniform data).
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -24,6 +28,17 @@
         }                                                                           \
     } while (0)
 
+/* x[i] = a hash of i mapped to [-1, 1), as bf16 */
+__global__ void fill_random_bf16(__nv_bfloat16* x, int64_t n, uint32_t seed) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 16;
+        h *= 0x7feb352du;
+        h ^= h >> 15;
+        x[i] = __float2bfloat16((float)(h >> 8) * (2.0f / 16777216.0f) - 1.0f);
+    }
+}
+
 int main(int argc, char** argv) {
     const int64_t R = argc > 1 ? atoll(argv[1]) : 131072, E = argc > 2 ? atoll(argv[2]) : 128;
     const int64_t N = argc > 3 ? atoll(argv[3]) : 2048, K = argc > 4 ? atoll(argv[4]) : 768;
@@ -37,9 +52,15 @@ int main(int argc, char** argv) {
     CHECK(cudaMalloc(&b, E * N * K * 2));
     CHECK(cudaMalloc(&out, R * N * 2));
     if (swiglu) CHECK(cudaMalloc(&act, R * N));
-    /* 0x3c3c: bf16 0.0115, values do not matter for timing */
-    CHECK(cudaMemset(a, 0x3c, R * K * 2));
-    CHECK(cudaMemset(b, 0x3c, E * N * K * 2));
+    if (argc > 6 && strcmp(argv[6], "const") == 0) {
+        /* 0x3c3c: bf16 0.0115 everywhere */
+        CHECK(cudaMemset(a, 0x3c, R * K * 2));
+        CHECK(cudaMemset(b, 0x3c, E * N * K * 2));
+    } else {
+        fill_random_bf16<<<1024, 256>>>((__nv_bfloat16*)a, R * K, 1u);
+        fill_random_bf16<<<1024, 256>>>((__nv_bfloat16*)b, E * N * K, 2u);
+        CHECK(cudaGetLastError());
+    }
     int32_t* h_off = (int32_t*)malloc((E + 1) * sizeof(int32_t));
     for (int64_t e = 0; e <= E; ++e) h_off[e] = (int32_t)(e * per);
     CHECK(cudaMalloc(&offsets, (E + 1) * sizeof(int32_t)));
