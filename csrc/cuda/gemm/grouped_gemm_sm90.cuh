@@ -294,16 +294,14 @@ __device__ __forceinline__ bool pass_shared(const pass_walk& w) {
     const int32_t peer_e = w.peer.e <= w.peer.e_last ? w.peer.e : w.mine.e;
     return pass_expert(w) == peer_e;
 }
-/* The last pass of the unit. */
-__device__ __forceinline__ bool pass_last(const int32_t* offs, const pass_walk& w) {
-    pass_walk n = w;
-    if (n.mine.e <= n.mine.e_last) n.mine = skip_empty(offs, segment_walk{n.mine.e + 1, n.mine.e_last});
-    if (n.peer.e <= n.peer.e_last) n.peer = skip_empty(offs, segment_walk{n.peer.e + 1, n.peer.e_last});
-    return !pass_more(n);
-}
 __device__ __forceinline__ void pass_advance(const int32_t* offs, pass_walk& w) {
     if (w.mine.e <= w.mine.e_last) w.mine = skip_empty(offs, segment_walk{w.mine.e + 1, w.mine.e_last});
     if (w.peer.e <= w.peer.e_last) w.peer = skip_empty(offs, segment_walk{w.peer.e + 1, w.peer.e_last});
+}
+/* The last pass of the unit. */
+__device__ __forceinline__ bool pass_last(const int32_t* offs, pass_walk w) {
+    pass_advance(offs, w);
+    return !pass_more(w);
 }
 
 /* The walk over units of kCluster M-tiles of `rows` rows (pairs for a 2-CTA cluster). */
