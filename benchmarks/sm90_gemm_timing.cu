@@ -6,7 +6,11 @@
  *
  *   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DMOK_SM90_TIMING -Icsrc/cuda \
  *        -o /tmp/sm90_gemm_timing benchmarks/sm90_gemm_timing.cu -lcuda && /tmp/sm90_gemm_timing
- *   /tmp/sm90_gemm_timing R E N K [swiglu|nn] [const]   (default: Qwen3-30B-A3B's down projection)
+ *   /tmp/sm90_gemm_timing R E N K [swiglu|nn|wgrad] [const]   (default: Qwen3-30B-A3B's down projection)
+ *
+ * `wgrad` times the weight-gradient variant: out[e] [K, N] = a_e^T b_e over expert e's rows, with
+ * a [R, K] and b [R, N] (both MN-major), the FLOPs of the same R, N, K. Its consumer has no
+ * counters yet: the time and TFLOP/s only.
  *
  * Operands are pseudo-random bf16 in [-1, 1) unless `const` asks for one repeated value (what the
  * v10-v13 measurements used: it keeps clocks high, and may flatter the memory system, as L2 and
@@ -43,22 +47,24 @@ int main(int argc, char** argv) {
     const int64_t R = argc > 1 ? atoll(argv[1]) : 131072, E = argc > 2 ? atoll(argv[2]) : 128;
     const int64_t N = argc > 3 ? atoll(argv[3]) : 2048, K = argc > 4 ? atoll(argv[4]) : 768;
     const char* mode = argc > 5 ? argv[5] : "nt";
-    const bool swiglu = strcmp(mode, "swiglu") == 0, nn = strcmp(mode, "nn") == 0;
+    const bool swiglu = strcmp(mode, "swiglu") == 0, nn = strcmp(mode, "nn") == 0, wgrad = strcmp(mode, "wgrad") == 0;
     const int64_t per = R / E / 128 * 128;
 
     void *a, *b, *out, *act = NULL;
     int32_t* offsets;
     CHECK(cudaMalloc(&a, R * K * 2));
-    CHECK(cudaMalloc(&b, E * N * K * 2));
-    CHECK(cudaMalloc(&out, R * N * 2));
+    /* wgrad: b is [R, N] and out [E, K, N]; otherwise b is [E, N, K] and out [R, N] */
+    const int64_t b_elems = wgrad ? R * N : E * N * K, out_elems = wgrad ? E * K * N : R * N;
+    CHECK(cudaMalloc(&b, b_elems * 2));
+    CHECK(cudaMalloc(&out, out_elems * 2));
     if (swiglu) CHECK(cudaMalloc(&act, R * N));
     if (argc > 6 && strcmp(argv[6], "const") == 0) {
         /* 0x3c3c: bf16 0.0115 everywhere */
         CHECK(cudaMemset(a, 0x3c, R * K * 2));
-        CHECK(cudaMemset(b, 0x3c, E * N * K * 2));
+        CHECK(cudaMemset(b, 0x3c, b_elems * 2));
     } else {
         fill_random_bf16<<<1024, 256>>>((__nv_bfloat16*)a, R * K, 1u);
-        fill_random_bf16<<<1024, 256>>>((__nv_bfloat16*)b, E * N * K, 2u);
+        fill_random_bf16<<<1024, 256>>>((__nv_bfloat16*)b, b_elems, 2u);
         CHECK(cudaGetLastError());
     }
     int32_t* h_off = (int32_t*)malloc((E + 1) * sizeof(int32_t));
@@ -79,11 +85,14 @@ int main(int argc, char** argv) {
     g.trans_b = nn ? 0 : 1;
     g.out = out;
     g.swiglu_out = act;
-    if (!mok_grouped_gemm_sm90_supported(&g)) {
+    if (wgrad ? !mok_grouped_gemm_wgrad_sm90_supported(R, E, K, N) : !mok_grouped_gemm_sm90_supported(&g)) {
         fprintf(stderr, "the sm_90a kernel does not take these arguments\n");
         return 1;
     }
-    for (int i = 0; i < 3; ++i) CHECK((cudaError_t)mok_grouped_gemm_sm90(&g, 0));
+    auto run = [&]() -> int {
+        return wgrad ? mok_grouped_gemm_wgrad_sm90(a, b, offsets, R, E, K, N, out, 0, 0) : mok_grouped_gemm_sm90(&g, 0);
+    };
+    for (int i = 0; i < 3; ++i) CHECK((cudaError_t)run());
     CHECK(cudaDeviceSynchronize());
     unsigned long long zero[mok_sm90::TIMING_SLOTS] = {0};
     CHECK(cudaMemcpyToSymbol(mok_sm90::timing, zero, sizeof(zero)));
@@ -92,7 +101,7 @@ int main(int argc, char** argv) {
     CHECK(cudaEventCreate(&t1));
     const int iters = 10;
     CHECK(cudaEventRecord(t0));
-    for (int i = 0; i < iters; ++i) CHECK((cudaError_t)mok_grouped_gemm_sm90(&g, 0));
+    for (int i = 0; i < iters; ++i) CHECK((cudaError_t)run());
     CHECK(cudaEventRecord(t1));
     CHECK(cudaDeviceSynchronize());
     float ms = 0;
@@ -103,13 +112,14 @@ int main(int argc, char** argv) {
     int clock_khz = 0;
     CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
     const double tiles = (double)c[mok_sm90::TIMING_TILES];
+    if (tiles == 0) printf("(no per-tile counters for this variant)\n");
     const double flops = 2.0 * per * E * N * K;
     printf("R=%lld E=%lld N=%lld K=%lld %s: %.3f ms, %.0f TFLOP/s (instrumented build), %.0f tiles per call\n",
            (long long)R, (long long)E, (long long)N, (long long)K, mode, ms, flops / ms / 1e9, tiles / iters);
     const char* names[] = {"tiles", "setup", "mainloop", "  of it: waits for a full stage", "  of it: final wgmma drain",
                            "epilogue", "  of it: waits for a free buffer"};
     printf("%-34s %10s %8s\n", "cycles per tile (thread 128)", "cycles", "us");
-    for (int i = 1; i < mok_sm90::TIMING_SLOTS; ++i) {
+    for (int i = 1; tiles > 0 && i < mok_sm90::TIMING_SLOTS; ++i) {
         const double cyc = c[i] / tiles;
         printf("%-34s %10.0f %8.2f\n", names[i], cyc, cyc / clock_khz * 1e3);
     }
