@@ -5,6 +5,7 @@ each eager forward, and `mok.check_errors(synchronize=True)` checks after waitin
 import torch
 
 DEVICE_ERR_EXPERT_ID = 1
+DEVICE_ERR_UNALIGNED_PLAN = 2
 
 
 def _raise_for(bits: int) -> None:
@@ -13,6 +14,11 @@ def _raise_for(bits: int) -> None:
             "mok: topk_idx held an expert id outside [0, num_experts) in an earlier CUDA call "
             "(those (token, k) pairs were left out of the result); pass skip_invalid=True if such ids "
             "mark tokens to skip"
+        )
+    if bits & DEVICE_ERR_UNALIGNED_PLAN:
+        raise ValueError(
+            "mok: an FP8 grouped GEMM on CUDA got expert offsets that are not multiples of 128 in an earlier "
+            "call (its output was not computed); use the offsets of a CUDA plan (mok.functional.moe_plan)"
         )
     if bits:
         raise RuntimeError(f"mok: the GPU reported error bits {bits:#x}")

@@ -10,47 +10,17 @@
 #include "common/launch.cuh"
 #include "gemm/grouped_gemm_sm90.cuh"
 #include "gemm/grouped_gemm_sm90.h"
+#include "gemm/tensor_map.h"
 
 namespace {
 
-typedef CUresult (*encode_tiled_fn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-/* cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda). */
-encode_tiled_fn encode_fn() {
-    static encode_tiled_fn fn = NULL;
-    static bool tried = false;
-    if (!tried) {
-        tried = true;
-        cudaDriverEntryPointQueryResult q;
-        void* p = NULL;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
-                cudaSuccess &&
-            q == cudaDriverEntryPointSuccess) {
-            fn = (encode_tiled_fn)p;
-        }
-        (void)cudaGetLastError();
-    }
-    return fn;
-}
+using mok_tma::encode_fn;
+using mok_tma::is_hopper;
 
 /* A bf16 tensor of `rank` dims (dims[0] contiguous) with 128B swizzle boxes (box[0] = 64). */
 bool encode(CUtensorMap* map, const void* base, int rank, const cuuint64_t* dims, const cuuint64_t* strides_bytes,
             const cuuint32_t* box) {
-    encode_tiled_fn fn = encode_fn();
-    if (!fn) return false;
-    const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-    return fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, const_cast<void*>(base), dims, strides_bytes,
-              box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-bool is_hopper() {
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-    return major == 9;
+    return mok_tma::encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, base, rank, dims, strides_bytes, box);
 }
 
 /* [64 rows][64 columns] boxes of a [outer, rows, cols] tensor with row stride `row_elems`

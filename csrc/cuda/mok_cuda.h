@@ -25,7 +25,8 @@ extern "C" {
 
 /* Error bits a kernel ORs into the host-mapped error word (args.error_flag, may be NULL). */
 enum {
-    MOK_DEVICE_ERR_EXPERT_ID = 1, /* an expert id outside [0, E) with skip_invalid == 0 */
+    MOK_DEVICE_ERR_EXPERT_ID = 1,      /* an expert id outside [0, E) with skip_invalid == 0 */
+    MOK_DEVICE_ERR_UNALIGNED_PLAN = 2, /* a kernel that needs 128-aligned expert offsets got others */
 };
 
 struct mok_route_topk_args {

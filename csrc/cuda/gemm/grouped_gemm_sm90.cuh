@@ -154,7 +154,7 @@ __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* p, float x, float y)
  * Every store map is 3-D (a TMA instruction's rank must match its map's).
  * ---------------------------------------------------------------------------------------------- */
 struct epi_stager {
-    smem_layout* s;
+    uint32_t bufs;   /* shared address of this warpgroup's kEpiBufs buffers of 8 KiB */
     int wg, t;       /* warpgroup (0, 1) and thread in it */
     uint32_t row;    /* byte offset in a buffer of the row this thread addresses for stmatrix */
     uint32_t sw;     /* its 16-byte chunk of column block 0, swizzled (bytes) */
@@ -162,9 +162,9 @@ struct epi_stager {
     bool next_free;  /* the buffer of the next chunk is known to be free (checked by epi_ready) */
 };
 
-__device__ __forceinline__ epi_stager make_epi_stager(smem_layout& s, int wg, int t) {
+__device__ __forceinline__ epi_stager make_epi_stager(uint32_t bufs, int wg, int t) {
     epi_stager e;
-    e.s = &s;
+    e.bufs = bufs;
     e.wg = wg;
     e.t = t;
     /* stmatrix x4 of column blocks (2k, 2k + 1): lanes 8 j .. 8 j + 7 address the rows of matrix j,
@@ -188,7 +188,7 @@ __device__ __forceinline__ uint32_t epi_acquire(epi_stager& e) {
         MOK_TIMING_ADD(TIMING_EPI_ACQUIRE, t_acquire);
     }
     e.next_free = false;
-    return mok_smem_u32(e.s->epi[e.wg][e.chunks % kEpiBufs]);
+    return e.bufs + (e.chunks % kEpiBufs) * (64 * 64 * 2);
 }
 
 /* Writes 64 columns of the warpgroup's 64 rows into the buffer, in the 128B-swizzled layout of the
@@ -563,7 +563,7 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
     const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
     uint32_t stage = 0, phase = 0;
     float acc[BN / 2];
-    epi_stager epi = make_epi_stager(s, wg, t);
+    epi_stager epi = make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t);
 
     mok_tile_sched sched;
     sched_units<kCluster>(&sched, 1, p.R, p.num_n_tiles, rows_used);
@@ -726,7 +726,7 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
     const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
     uint32_t stage = 0, phase = 0;
     float acc[BN / 2];
-    epi_stager epi = make_epi_stager(s, wg, t);
+    epi_stager epi = make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t);
 
     mok_tile_sched sched;
     sched_units<kCluster>(&sched, p.E, p.M, p.num_n_tiles, INT64_MAX);

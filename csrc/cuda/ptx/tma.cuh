@@ -73,6 +73,12 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+/* 4-byte cp.async global -> shared (a scale); src_bytes 0 writes zeros and leaves src unread. */
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, uint32_t src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(mok_smem_u32(dst)), "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+
 /* 16-byte cp.async global -> shared; src_bytes < 16 zero-fills the rest (0: all zeros, src unread). */
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, uint32_t src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(mok_smem_u32(dst)), "l"(src), "r"(src_bytes)

@@ -1,0 +1,230 @@
+/*
+ * Correctness and speed of the first sm_90a FP8 blockwise grouped GEMM (gemm/grouped_gemm_fp8_sm90.cuh),
+ * standalone (no torch): random E4M3 operands and fp32 block scales, every output of a small
+ * problem against a float64 host reference on the dequantised inputs, then the time and TFLOP/s
+ * of a large one (with a few rows checked).
+ *
+ *   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda \
+ *        -o /tmp/fp8_check benchmarks/sm90_fp8_gemm_check.cu -lcuda && /tmp/fp8_check
+ *   /tmp/fp8_check R E N K        (the timed problem; default: DeepSeek-V3 slice GEMM1, 65536 32 4096 7168)
+ */
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <vector>
+
+#include "../csrc/cuda/common/launch.cuh"
+#include "../csrc/cuda/gemm/grouped_gemm_fp8_sm90.cuh"
+
+#define CHECK(x)                                                                          \
+    do {                                                                                  \
+        cudaError_t err_ = (x);                                                           \
+        if (err_ != cudaSuccess) {                                                        \
+            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
+            exit(1);                                                                      \
+        }                                                                                 \
+    } while (0)
+#define CHECK_CU(x)                                                \
+    do {                                                           \
+        CUresult r_ = (x);                                         \
+        if (r_ != CUDA_SUCCESS) {                                  \
+            fprintf(stderr, "%s:%d: CUresult %d\n", __FILE__, __LINE__, (int)r_); \
+            exit(1);                                               \
+        }                                                          \
+    } while (0)
+
+static double e4m3_to_double(uint8_t v) {
+    const int s = v >> 7, e = (v >> 3) & 15, m = v & 7;
+    double x = e == 0 ? ldexp((double)m, -9) : ldexp(1.0 + m / 8.0, e - 7);
+    return s ? -x : x;
+}
+
+static uint32_t rng = 12345u;
+static uint32_t next_u32() {
+    rng ^= rng << 13;
+    rng ^= rng >> 17;
+    rng ^= rng << 5;
+    return rng;
+}
+static uint8_t random_e4m3() {
+    for (;;) {
+        const uint8_t v = (uint8_t)next_u32();
+        if ((v & 0x7F) != 0x7F) return v; /* no NaN codes */
+    }
+}
+static float random_scale() { return ldexpf(1.0f + (next_u32() % 1024) / 1024.0f, (int)(next_u32() % 9) - 12); }
+
+struct problem {
+    int64_t R, E, N, K;
+    std::vector<uint8_t> a, b;
+    std::vector<float> sa, sb;
+    std::vector<int32_t> offsets;
+};
+
+static problem make_problem(int64_t R, int64_t E, int64_t N, int64_t K) {
+    problem p;
+    p.R = R, p.E = E, p.N = N, p.K = K;
+    p.a.resize(R * K);
+    p.b.resize(E * N * K);
+    for (auto& v : p.a) v = random_e4m3();
+    for (auto& v : p.b) v = random_e4m3();
+    p.sa.resize(R * (K / 128));
+    p.sb.resize(E * (N / 128) * (K / 128));
+    for (auto& v : p.sa) v = random_scale();
+    for (auto& v : p.sb) v = random_scale();
+    /* experts of ragged 128-row multiples, one of them empty, summing to R */
+    p.offsets.assign(E + 1, 0);
+    int64_t left = R / 128;
+    for (int64_t e = 0; e < E; ++e) {
+        int64_t tiles = e == E - 1 ? left : (e == 1 ? 0 : (int64_t)(next_u32() % (2 * (R / 128) / E + 1)));
+        tiles = tiles > left ? left : tiles;
+        left -= tiles;
+        p.offsets[e + 1] = p.offsets[e] + (int32_t)(tiles * 128);
+    }
+    return p;
+}
+
+static double reference(const problem& p, int64_t r, int64_t n) {
+    int64_t e = 0;
+    while (!(p.offsets[e] <= r && r < p.offsets[e + 1])) ++e;
+    const int64_t nkb = p.K / 128;
+    double out = 0;
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+        double part = 0;
+        for (int64_t k = kb * 128; k < kb * 128 + 128; ++k)
+            part += e4m3_to_double(p.a[r * p.K + k]) * e4m3_to_double(p.b[(e * p.N + n) * p.K + k]);
+        out += part * p.sa[r * nkb + kb] * p.sb[(e * (p.N / 128) + n / 128) * nkb + kb];
+    }
+    return out;
+}
+
+static void encode(CUtensorMap* map, CUtensorMapDataType type, int rank, void* base, const cuuint64_t* dims,
+                   const cuuint64_t* strides, const cuuint32_t* box) {
+    const cuuint32_t elem[3] = {1, 1, 1};
+    CHECK_CU(cuTensorMapEncodeTiled(map, type, rank, base, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                    CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+}
+
+/* Runs the kernel; returns ms per call (iters timed calls) and the bf16 output on the host. */
+static float run(const problem& p, int iters, std::vector<uint16_t>* out_host) {
+    namespace f = mok_sm90_fp8;
+    uint8_t *a, *b;
+    float *sa, *sb;
+    int32_t* offsets;
+    void* out;
+    CHECK(cudaMalloc(&a, p.a.size()));
+    CHECK(cudaMalloc(&b, p.b.size()));
+    CHECK(cudaMalloc(&sa, p.sa.size() * 4));
+    CHECK(cudaMalloc(&sb, p.sb.size() * 4));
+    CHECK(cudaMalloc(&offsets, p.offsets.size() * 4));
+    CHECK(cudaMalloc(&out, p.R * p.N * 2));
+    CHECK(cudaMemcpy(a, p.a.data(), p.a.size(), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(b, p.b.data(), p.b.size(), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(sa, p.sa.data(), p.sa.size() * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(sb, p.sb.data(), p.sb.size() * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(offsets, p.offsets.data(), p.offsets.size() * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemset(out, 0, p.R * p.N * 2));
+
+    CUtensorMap tma_a, tma_b, tma_out;
+    {
+        const cuuint64_t dims[2] = {(cuuint64_t)p.K, (cuuint64_t)p.R}, strides[1] = {(cuuint64_t)p.K};
+        const cuuint32_t box[2] = {f::BK, f::BM};
+        encode(&tma_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a, dims, strides, box);
+    }
+    {
+        const cuuint64_t dims[3] = {(cuuint64_t)p.K, (cuuint64_t)p.N, (cuuint64_t)p.E};
+        const cuuint64_t strides[2] = {(cuuint64_t)p.K, (cuuint64_t)(p.N * p.K)};
+        const cuuint32_t box[3] = {f::BK, f::BN, 1};
+        encode(&tma_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, b, dims, strides, box);
+    }
+    {
+        const cuuint64_t dims[3] = {(cuuint64_t)p.N, (cuuint64_t)p.R, 1};
+        const cuuint64_t strides[2] = {(cuuint64_t)p.N * 2, (cuuint64_t)(p.N * p.R * 2)};
+        const cuuint32_t box[3] = {64, 64, 1};
+        encode(&tma_out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, out, dims, strides, box);
+    }
+    f::params prm;
+    prm.sa = sa;
+    prm.sb = sb;
+    prm.offsets = offsets;
+    prm.E = (int32_t)p.E;
+    prm.R = p.R;
+    prm.N = p.N;
+    prm.Kd = p.K;
+    prm.num_n_tiles = p.N / f::BN;
+    prm.num_kb = p.K / f::BK;
+    prm.error_flag = NULL;
+    const int smem = (int)sizeof(f::smem_layout) + 1024;
+    CHECK(cudaFuncSetAttribute(f::grouped_gemm_fp8_nt_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    int sms = 0;
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const unsigned grid = mok_sched_grid((p.R / f::BM) * prm.num_n_tiles, sms, 1);
+    f::grouped_gemm_fp8_nt_kernel<<<grid, f::kThreads, smem>>>(tma_a, tma_b, tma_out, prm);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    float ms = 0;
+    if (iters > 0) {
+        cudaEvent_t t0, t1;
+        CHECK(cudaEventCreate(&t0));
+        CHECK(cudaEventCreate(&t1));
+        CHECK(cudaEventRecord(t0));
+        for (int i = 0; i < iters; ++i)
+            f::grouped_gemm_fp8_nt_kernel<<<grid, f::kThreads, smem>>>(tma_a, tma_b, tma_out, prm);
+        CHECK(cudaEventRecord(t1));
+        CHECK(cudaDeviceSynchronize());
+        CHECK(cudaEventElapsedTime(&ms, t0, t1));
+        ms /= iters;
+    }
+    out_host->resize(p.R * p.N);
+    CHECK(cudaMemcpy(out_host->data(), out, p.R * p.N * 2, cudaMemcpyDeviceToHost));
+    cudaFree(a), cudaFree(b), cudaFree(sa), cudaFree(sb), cudaFree(offsets), cudaFree(out);
+    return ms;
+}
+
+static double bf16_to_double(uint16_t v) {
+    uint32_t u = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Relative Frobenius error over rows [0, rows) (or every `step`-th row), all columns. */
+static double rel_err(const problem& p, const std::vector<uint16_t>& out, int64_t step) {
+    double num = 0, den = 0;
+    for (int64_t r = 0; r < p.offsets[p.E]; r += step)
+        for (int64_t n = 0; n < p.N; ++n) {
+            const double ref = reference(p, r, n), got = bf16_to_double(out[r * p.N + n]);
+            num += (got - ref) * (got - ref);
+            den += ref * ref;
+        }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+int main(int argc, char** argv) {
+    /* ---- every output of a small ragged problem ---- */
+    {
+        problem p = make_problem(1024, 5, 384, 512);
+        std::vector<uint16_t> out;
+        run(p, 0, &out);
+        const double err = rel_err(p, out, 1);
+        printf("small R=1024 E=5 N=384 K=512: rel err %.2e against float64 on the dequantised inputs %s\n", err,
+               err < 8e-3 ? "(ok)" : "(FAIL)");
+        if (err >= 8e-3) return 1;
+    }
+    /* ---- the timed problem, rows sampled ---- */
+    const int64_t R = argc > 1 ? atoll(argv[1]) : 65536, E = argc > 2 ? atoll(argv[2]) : 32;
+    const int64_t N = argc > 3 ? atoll(argv[3]) : 4096, K = argc > 4 ? atoll(argv[4]) : 7168;
+    problem p = make_problem(R, E, N, K);
+    std::vector<uint16_t> out;
+    const float ms = run(p, 10, &out);
+    const double flops = 2.0 * p.offsets[E] * N * K;
+    const double err = rel_err(p, out, 4099);
+    printf("R=%lld E=%lld N=%lld K=%lld: %.3f ms, %.0f TFLOP/s, sampled rel err %.2e %s\n", (long long)R,
+           (long long)E, (long long)N, (long long)K, ms, flops / ms / 1e9, err, err < 8e-3 ? "(ok)" : "(FAIL)");
+    return err < 8e-3 ? 0 : 1;
+}

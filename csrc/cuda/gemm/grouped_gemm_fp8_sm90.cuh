@@ -1,0 +1,289 @@
+/*
+ * FP8 (E4M3) blockwise-scaled grouped GEMM "NT" for sm_90a, first version (launcher:
+ * grouped_gemm_fp8_sm90.cu; standalone check: benchmarks/sm90_fp8_gemm_check.cu):
+ *
+ *   out[r, n] = sum_kb  sa[r, kb] * sb[e(r), n / 128, kb] * sum_{k in block kb} A[r, k] B[e(r), n, k]
+ *
+ * A [R, K] e4m3 with 1x128 scales sa [R, K / 128] (fp32, row-major: mok.fp8's "blockwise_1x128"),
+ * B [E, N, K] e4m3 with 128x128 scales sb [E, N / 128, K / 128] ("blockwise_128x128"), out [R, N]
+ * bf16. DeepGEMM's scheme: each 128-wide K-block runs on the tensor cores into a partial fp32
+ * accumulator, which is then scaled and added to the final one on the CUDA cores (FP32 promotion
+ * every 128 of K; FP8 wgmma accumulates in reduced precision).
+ *
+ *   warpgroup 0      producer: TMA for the A and B tiles, cp.async (4 bytes) for the 128 A scales
+ *                    and the one B scale of each K-block, all completing on the stage's full barrier;
+ *   warpgroups 1, 2  consumers: 64 rows each, wgmma m64n128k32 e4m3, 64 partial + 64 final fp32
+ *                    accumulators per thread; the epilogue of the BF16 kernel (stmatrix, TMA stores).
+ *
+ * Tile 128 x 128 x 128 (bytes: 16 KiB of A and 16 KiB of B per stage, one 128-byte swizzle row per
+ * tile row), kStages-deep ring. The promotion waits for the K-block's wgmma (wait_group 0); the two
+ * consumer warpgroups drift apart, so one promotes while the other's wgmma runs.
+ *
+ * v1 limits: plans aligned to 128 rows (a tile never straddles experts; mok's CUDA plans are; a
+ * misaligned offset is reported in the error word and nothing is computed); K % 128 == 0 and
+ * N % 128 == 0 (whole scale blocks). Rows outside [offsets[0], offsets[E]) are written as zeros.
+ */
+#ifndef MOK_CUDA_GEMM_GROUPED_GEMM_FP8_SM90_CUH
+#define MOK_CUDA_GEMM_GROUPED_GEMM_FP8_SM90_CUH
+
+#include "../mok_cuda.h"
+#include "grouped_gemm_sm90.cuh"
+
+namespace mok_sm90_fp8 {
+
+using mok_sm90::epi_stager;
+
+enum {
+    BM = 128,
+    BN = 128,
+    BK = 128, /* bytes of FP8 along K: one 128B swizzle row */
+    kStages = 5,
+    kThreads = 384,
+    kProducerRegs = 40,
+    kConsumerRegs = 232,
+    STAGE_A_BYTES = BM * BK,
+    STAGE_B_BYTES = BN * BK,
+};
+
+struct smem_layout {
+    uint8_t a[kStages][BM * BK];
+    uint8_t b[kStages][BN * BK];
+    __nv_bfloat16 epi[2][mok_sm90::kEpiBufs][64 * 64];
+    float sa[kStages][BM]; /* A scales of the stage's K-block, one per tile row */
+    float sb[kStages][4];  /* the B scale of the stage's K-block (padded to 16 bytes) */
+    uint64_t full[kStages];
+    uint64_t empty[kStages];
+};
+static_assert(sizeof(smem_layout) + 1024 <= 227 * 1024, "shared memory budget of one CTA");
+static_assert(STAGE_A_BYTES % 1024 == 0 && STAGE_B_BYTES % 1024 == 0, "stage buffers keep 1024-byte alignment");
+
+struct params {
+    const float* sa;        /* [R, Kd / 128] */
+    const float* sb;        /* [E, N / 128, Kd / 128] */
+    const int32_t* offsets; /* [E + 1], multiples of 128 */
+    int32_t E;
+    int64_t R, N, Kd;
+    int64_t num_n_tiles, num_kb;
+    int32_t* error_flag; /* host-mapped error word or NULL */
+};
+
+/* ---- producer: TMA for the tiles, cp.async for the scales (one per thread and K-block) ---- */
+__device__ __forceinline__ void produce(smem_layout& s, const params& p, const CUtensorMap* tma_a,
+                                        const CUtensorMap* tma_b, int64_t rows_used) {
+    const int tid = threadIdx.x; /* 0..127 */
+    uint32_t stage = 0, phase = 0;
+    mok_tile_sched sched;
+    mok_sched_init(&sched, 1, (p.R + BM - 1) / BM, p.num_n_tiles, BM, rows_used);
+    mok_tile tile;
+    while (mok_sched_next_tile(&sched, &tile)) {
+        if (!tile.in_use) continue;
+        const int32_t e = (int32_t)mok_expert_of_row(p.offsets, p.E, tile.m0);
+        if (e < 0) continue;
+        const int64_t row = tile.m0 + tid;
+        const bool row_ok = row < p.R;
+        const float* sa_row = p.sa + (row_ok ? row : 0) * p.num_kb;
+        const float* sb_tile = p.sb + ((int64_t)e * p.num_n_tiles + tile.n_tile) * p.num_kb;
+        for (int64_t kb = 0; kb < p.num_kb; ++kb) {
+            mbarrier_wait_parity(&s.empty[stage], phase ^ 1);
+            const int32_t k0 = (int32_t)(kb * BK);
+            if (tid == 0) {
+                mbarrier_arrive_expect_tx(&s.full[stage], STAGE_A_BYTES + STAGE_B_BYTES);
+                tma_load_2d(&s.a[stage][0], tma_a, &s.full[stage], k0, (int32_t)tile.m0);
+                tma_load_3d(&s.b[stage][0], tma_b, &s.full[stage], k0, (int32_t)(tile.n_tile * BN), e);
+                cp_async_4(&s.sb[stage][0], sb_tile + kb, 4u);
+            }
+            /* rows past R: a zero scale (their A rows are zero-filled by TMA anyway) */
+            cp_async_4(&s.sa[stage][tid], row_ok ? sa_row + kb : p.sa, row_ok ? 4u : 0u);
+            cp_async_mbarrier_arrive_noinc(&s.full[stage]);
+            if (++stage == kStages) {
+                stage = 0;
+                phase ^= 1;
+            }
+        }
+    }
+}
+
+/* ---- consumers ---- */
+
+/* Issues the wgmma of one K-block (4 steps of k32) into part, as one commit group. */
+__device__ __forceinline__ void mma_kblock(float (&part)[BN / 2], uint32_t a_addr, uint32_t b_addr) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) wgmma_fence_operand(part[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int k32 = 0; k32 < BK / 32; ++k32) {
+        /* NOTE: a K step of 32 FP8 values is 32 bytes inside the 128-byte swizzled row */
+        wgmma_m64n128k32_f32_e4m3(part, wgmma_desc_kmajor_sw128(a_addr + k32 * 32),
+                                  wgmma_desc_kmajor_sw128(b_addr + k32 * 32), k32 > 0 ? 1 : 0);
+    }
+    wgmma_commit_group();
+}
+
+/* FP32 promotion of a finished K-block: acc += part * sa[row] * sb (rows r_lo and r_lo + 8).
+ * NOTE: part's wgmma group must have retired (wait_group); the operand fence keeps the reads after
+ * that wait. */
+__device__ __forceinline__ void promote(float (&acc)[BN / 2], float (&part)[BN / 2], float s0, float s1) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) wgmma_fence_operand(part[i]);
+#pragma unroll
+    for (int i = 0; i < BN / 2; i += 4) {
+        acc[i] = fmaf(part[i], s0, acc[i]);
+        acc[i + 1] = fmaf(part[i + 1], s0, acc[i + 1]);
+        acc[i + 2] = fmaf(part[i + 2], s1, acc[i + 2]);
+        acc[i + 3] = fmaf(part[i + 3], s1, acc[i + 3]);
+    }
+}
+
+/* The consumer's ring position. */
+struct ring_pos {
+    uint32_t stage = 0, phase = 0;
+    __device__ __forceinline__ void advance() {
+        if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1;
+        }
+    }
+};
+
+/* MOK_SM90_FP8_OVERLAP (default 1): two partial accumulators, so the K-block kb + 1 runs on the
+ * tensor cores while kb is promoted on the CUDA cores (wait_group 1 instead of 0). 0: one partial
+ * accumulator, promotion after each K-block's wgmma has drained (v1; kept for A/B runs). */
+#ifndef MOK_SM90_FP8_OVERLAP
+#define MOK_SM90_FP8_OVERLAP 1
+#endif
+
+__device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used,
+                                        const CUtensorMap* tma_out) {
+    const int wg = (threadIdx.x / 128) - 1;
+    const int t = threadIdx.x & 127;
+    const int warp = t >> 5, lane = t & 31;
+    const int r_lo = wg * 64 + warp * 16 + (lane >> 2); /* this thread's rows: r_lo, r_lo + 8 */
+    ring_pos pos;
+#if MOK_SM90_FP8_OVERLAP
+    float part0[BN / 2], part1[BN / 2], acc[BN / 2];
+#else
+    float part0[BN / 2], acc[BN / 2];
+#endif
+    epi_stager epi = mok_sm90::make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t);
+    const uint32_t a_base = mok_smem_u32(&s.a[0][wg * 64 * BK]), b_base = mok_smem_u32(&s.b[0][0]);
+    /* issue K-block wgmma for the stage at pos (after its bytes have landed) */
+    auto issue = [&](float (&part)[BN / 2], const ring_pos& at) {
+        mbarrier_wait_parity(&s.full[at.stage], at.phase);
+        mma_kblock(part, a_base + at.stage * STAGE_A_BYTES, b_base + at.stage * STAGE_B_BYTES);
+    };
+    /* promote the finished K-block of the stage at pos, then hand the stage back */
+    auto retire = [&](float (&part)[BN / 2], const ring_pos& at) {
+        const float sb = s.sb[at.stage][0];
+        promote(acc, part, s.sa[at.stage][r_lo] * sb, s.sa[at.stage][r_lo + 8] * sb);
+        /* one arrival per consumer warp: tiles and scales of the stage are read */
+        if (lane == 0) mbarrier_arrive(&s.empty[at.stage]);
+    };
+
+    mok_tile_sched sched;
+    mok_sched_init(&sched, 1, (p.R + BM - 1) / BM, p.num_n_tiles, BM, rows_used);
+    mok_tile tile;
+    while (mok_sched_next_tile(&sched, &tile)) {
+        /* tiles past the rows in use or before offsets[0]: no mainloop (the producer skips them
+         * too), the epilogue stores zeros */
+        const bool compute = tile.in_use && mok_expert_of_row(p.offsets, p.E, tile.m0) >= 0;
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+        /* NOTE: a value that ptxas sees as warp-uniform (a shuffle from lane 0): branches on it around
+         * the wgmma stay non-divergent, otherwise ptxas serialises every wgmma (C7518) */
+        const int nkb = __shfl_sync(0xFFFFFFFFu, compute ? (int)p.num_kb : 0, 0);
+#if MOK_SM90_FP8_OVERLAP
+        /* K-blocks in pairs (part0: even, part1: odd) so both arrays keep static register indices.
+         * NOTE: every way out of the loop passes a wait_group 0, and the loop is entered only after
+         * the first issue: ptxas must see no wgmma in flight where the next tile fences part0. */
+        if (nkb > 0) {
+            issue(part0, pos);
+            for (int kb = 0;; kb += 2) {
+                ring_pos next = pos;
+                next.advance();
+                if (kb + 1 >= nkb) {
+                    wgmma_wait_group<0>();
+                    retire(part0, pos);
+                    pos = next;
+                    break;
+                }
+                issue(part1, next);
+                wgmma_wait_group<1>();
+                retire(part0, pos);
+                ring_pos after = next;
+                after.advance();
+                if (kb + 2 >= nkb) {
+                    wgmma_wait_group<0>();
+                    retire(part1, next);
+                    pos = after;
+                    break;
+                }
+                issue(part0, after);
+                wgmma_wait_group<1>();
+                retire(part1, next);
+                pos = after;
+            }
+        }
+#else
+        for (int kb = 0; kb < nkb; ++kb) {
+            issue(part0, pos);
+            wgmma_wait_group<0>();
+            retire(part0, pos);
+            pos.advance();
+        }
+#endif
+        /* ---- epilogue: [64 x 64] chunks through the BF16 kernel's stager, TMA stores ---- */
+        const int64_t row0 = tile.m0 + 64 * wg;
+        if (row0 >= p.R) continue;
+#pragma unroll
+        for (int j = 0; j < BN / 64; ++j) {
+            const int32_t c = (int32_t)(tile.n_tile * BN + 64 * j);
+            if (c >= p.N) break;
+            const uint32_t buf = mok_sm90::epi_stage_acc(epi, acc, j);
+            if (mok_sm90::epi_ready(epi)) {
+                tma_store_3d(tma_out, buf, c, (int32_t)row0, 0);
+                bulk_commit_group();
+            }
+        }
+    }
+    if (t == 0) bulk_wait_group<0>();
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_gemm_fp8_nt_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+                               const __grid_constant__ CUtensorMap tma_out, const params p) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    smem_layout& s = *reinterpret_cast<smem_layout*>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < kStages; ++i) {
+            mbarrier_init(&s.full[i], 1 + 128); /* the TMA thread's expect_tx + 128 cp.async arrivals */
+            mbarrier_init(&s.empty[i], 8);
+        }
+        fence_mbarrier_init();
+        tma_prefetch_descriptor(&tma_a);
+        tma_prefetch_descriptor(&tma_b);
+    }
+    /* ---- v1 takes 128-aligned plans only: report a misaligned one, compute nothing ---- */
+    bool misaligned = false;
+    for (int64_t e = threadIdx.x; e <= p.E; e += blockDim.x) misaligned |= (p.offsets[e] % BM) != 0;
+    if (__syncthreads_or(misaligned)) {
+        if (blockIdx.x == 0 && threadIdx.x == 0 && p.error_flag != NULL) {
+            /* NOTE: the plan kernel's protocol: read-OR-write of the host-mapped word, system fence */
+            volatile int32_t* flag = p.error_flag;
+            *flag = *flag | (int32_t)MOK_DEVICE_ERR_UNALIGNED_PLAN;
+            __threadfence_system();
+        }
+        return;
+    }
+    const int64_t rows_used = mok_rows_in_use(p.offsets, p.E, p.R);
+    if (threadIdx.x < 128) {
+        setmaxnreg_dec<kProducerRegs>();
+        produce(s, p, &tma_a, &tma_b, rows_used);
+    } else {
+        setmaxnreg_inc<kConsumerRegs>();
+        consume(s, p, rows_used, &tma_out);
+    }
+}
+
+}  // namespace mok_sm90_fp8
+
+#endif /* MOK_CUDA_GEMM_GROUPED_GEMM_FP8_SM90_CUH */

@@ -1,0 +1,88 @@
+/*
+ * Launcher of the sm_90a FP8 blockwise grouped GEMM (gemm/grouped_gemm_fp8_sm90.cuh): tensor maps,
+ * persistent grid, shared-memory opt-in. The C ABI is mok_fp8_gemm_cuda.h.
+ */
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdlib.h>
+
+#include "common/launch.cuh"
+#include "gemm/grouped_gemm_fp8_sm90.cuh"
+#include "gemm/tensor_map.h"
+#include "mok_fp8_gemm_cuda.h"
+
+namespace {
+
+namespace f8 = mok_sm90_fp8;
+
+bool pointers_aligned(const struct mok_grouped_gemm_fp8_args* a) {
+    return (((uintptr_t)a->a | (uintptr_t)a->b | (uintptr_t)a->out | (uintptr_t)a->sa | (uintptr_t)a->sb) % 16) == 0;
+}
+
+}  // namespace
+
+extern "C" int mok_grouped_gemm_fp8_supported(const struct mok_grouped_gemm_fp8_args* a) {
+    const char* env = getenv("MOK_DISABLE_SM90");
+    if (env && env[0] && env[0] != '0') return 0;
+    if (a->R < 0 || a->E < 1 || a->E > MOK_INT32_LIMIT || a->R > MOK_INT32_LIMIT) return 0;
+    if (a->K <= 0 || a->N <= 0 || a->K % f8::BK || a->N % f8::BN) return 0;
+    if (!pointers_aligned(a)) return 0;
+    return mok_tma::is_hopper() && mok_tma::encode_fn() != NULL;
+}
+
+extern "C" int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args* a, cudaStream_t stream) {
+    MOK_CHECK_ARG(a != NULL && a->R >= 0 && a->E >= 1 && a->N > 0 && a->K > 0);
+    if (a->R == 0) return MOK_OK;
+    MOK_CHECK_ARG(a->a != NULL && a->sa != NULL && a->b != NULL && a->sb != NULL && a->offsets != NULL &&
+                  a->out != NULL);
+    MOK_CHECK_ARG(a->K % f8::BK == 0 && a->N % f8::BN == 0 && pointers_aligned(a));
+
+    CUtensorMap tma_a, tma_b, tma_out;
+    {
+        /* A [R, K] bytes: boxes of 128 rows x 128 K (one 128-byte swizzle row each) */
+        const cuuint64_t dims[2] = {(cuuint64_t)a->K, (cuuint64_t)a->R};
+        const cuuint64_t strides[1] = {(cuuint64_t)a->K};
+        const cuuint32_t box[2] = {f8::BK, f8::BM};
+        if (!mok_tma::encode(&tma_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, a->a, 2, dims, strides, box)) return MOK_ERR_ARG;
+    }
+    {
+        /* B [E, N, K] bytes: boxes of 128 rows of one expert */
+        const cuuint64_t dims[3] = {(cuuint64_t)a->K, (cuuint64_t)a->N, (cuuint64_t)a->E};
+        const cuuint64_t strides[2] = {(cuuint64_t)a->K, (cuuint64_t)(a->N * a->K)};
+        const cuuint32_t box[3] = {f8::BK, f8::BN, 1};
+        if (!mok_tma::encode(&tma_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, a->b, 3, dims, strides, box)) return MOK_ERR_ARG;
+    }
+    {
+        /* out [1, R, N] bf16: the BF16 kernel's [64 x 64] epilogue boxes */
+        const cuuint64_t dims[3] = {(cuuint64_t)a->N, (cuuint64_t)a->R, 1};
+        const cuuint64_t strides[2] = {(cuuint64_t)a->N * 2, (cuuint64_t)(a->N * a->R * 2)};
+        const cuuint32_t box[3] = {64, 64, 1};
+        if (!mok_tma::encode(&tma_out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a->out, 3, dims, strides, box))
+            return MOK_ERR_ARG;
+    }
+    f8::params p;
+    p.sa = a->sa;
+    p.sb = a->sb;
+    p.offsets = a->offsets;
+    p.E = (int32_t)a->E;
+    p.R = a->R;
+    p.N = a->N;
+    p.Kd = a->K;
+    p.num_n_tiles = a->N / f8::BN;
+    p.num_kb = a->K / f8::BK;
+    p.error_flag = a->error_flag;
+
+    const int smem = (int)sizeof(f8::smem_layout) + 1024;
+    static bool configured = false;
+    if (!configured) {
+        if (cudaFuncSetAttribute(f8::grouped_gemm_fp8_nt_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+            cudaSuccess)
+            return mok_launch_status();
+        configured = true;
+    }
+    const int num_sms = a->num_sms > 0 ? a->num_sms : mok_num_sms();
+    const int64_t tiles = mok_ceil_div(a->R, f8::BM) * p.num_n_tiles;
+    f8::grouped_gemm_fp8_nt_kernel<<<mok_sched_grid(tiles, num_sms, 1), f8::kThreads, smem, stream>>>(tma_a, tma_b,
+                                                                                                    tma_out, p);
+    return mok_launch_status();
+}

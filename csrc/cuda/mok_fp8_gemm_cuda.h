@@ -1,0 +1,49 @@
+/*
+ * mok FP8 grouped GEMM launcher: the C ABI between csrc/torch (the mok::grouped_mm_fp8 op) and
+ * csrc/cuda/grouped_gemm_fp8_sm90.cu. No torch types here.
+ *
+ * Blockwise recipe (DeepSeek-V3's): A [R, K] E4M3 codes with fp32 scales per 1 x 128 block
+ * (sa [R, K / 128], mok.fp8's "blockwise_1x128"), B [E, N, K] E4M3 with fp32 scales per 128 x 128
+ * block (sb [E, N / 128, K / 128]: "blockwise_128x128" of B viewed as [E * N, K]):
+ *
+ *   out[r, n] = sum_kb sa[r, kb] * sb[e, n / 128, kb] * sum_{k in block kb} A[r, k] * B[e, n, k]
+ *
+ * for offsets[e] <= r < offsets[e + 1], in bf16 [R, N]; rows outside [offsets[0], offsets[E]) are
+ * written as 0 (as the BF16 grouped GEMM). The sm_90a kernel needs K % 128 == 0, N % 128 == 0, a
+ * Hopper GPU, 16-byte aligned pointers, and every offsets[e] a multiple of 128 (mok's CUDA plans
+ * are): a misaligned offset sets MOK_DEVICE_ERR_UNALIGNED_PLAN in error_flag (the rows of the
+ * misaligned experts are then not computed) - the check needs device memory, and a host check
+ * would stall the GPU.
+ */
+#ifndef MOK_FP8_GEMM_CUDA_H
+#define MOK_FP8_GEMM_CUDA_H
+
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct mok_grouped_gemm_fp8_args {
+    const void* a;          /* [R, K] e4m3 */
+    const float* sa;        /* [R, K / 128] */
+    const void* b;          /* [E, N, K] e4m3 */
+    const float* sb;        /* [E, N / 128, K / 128] */
+    const int32_t* offsets; /* [E + 1], device */
+    int64_t R, E, N, K;
+    void* out;              /* [R, N] bf16 */
+    int32_t* error_flag;    /* host-mapped error word (MOK_DEVICE_ERR_*) or NULL */
+    int num_sms;            /* persistent grid size hint (0: query the device) */
+};
+
+/* 1 when the sm_90a kernel takes these arguments (see above); MOK_DISABLE_SM90 turns it off. */
+int mok_grouped_gemm_fp8_supported(const struct mok_grouped_gemm_fp8_args* args);
+/* MOK_OK, or an error status (MOK_ERR_*) / CUDA error code. */
+int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args* args, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOK_FP8_GEMM_CUDA_H */
