@@ -212,6 +212,29 @@ int mok_grouped_gemm(const void* a, const int32_t* a_gather, int64_t a_gather_di
 int mok_grouped_gemm_wgrad(const void* a, const void* b, const int32_t* b_gather, int64_t b_gather_div, mok_dtype dt,
                            const int32_t* offsets, int64_t M, int64_t N, int64_t e_begin, int64_t e_end, void* out);
 
+/* ------------------------------------------------------------------------------------------------
+ * FP8 blockwise grouped GEMM "NT" (DeepSeek-V3's recipe), the CPU op and the oracle of the sm_90a
+ * kernel: a [R, K] E4M3 codes with fp32 scales sa [R, ceil(K/128)] (mok_quantize_blockwise_1xb,
+ * B = 128), b [E, N, K] E4M3 codes with fp32 scales sb [E, ceil(N/128), ceil(K/128)]
+ * (mok_quantize_blockwise_bxb of b viewed as [E * N, K], B = 128). For offsets[e] <= r < offsets[e+1]:
+ *   out[r, n] = sum_kb sa[r, kb] * sb[e, n / 128, kb] * sum_{k in block kb} A[r, k] * b[e, n, k]
+ * Blocks cover k in [128 kb, min(128 kb + 128, K)). Arithmetic, in this order:
+ *   s_kb = the block's sum of products of decoded codes, in double (exact: every product is a
+ *          multiple of 2^-18 and |s_kb| < 2^25, so no rounding happens in any order);
+ *   acc  = sum over kb in increasing order of s_kb * ((double)sa * (double)sb), in double
+ *          (sa * sb is exact in double; one rounding per product and per sum);
+ *   out  = mok_f32_to_bf16((float)acc): double -> float (RNE), then float -> bf16 (RNE). This
+ *          double rounding can differ from a direct double -> bf16 rounding in one ulp of bf16 on
+ *          rare ties; the GPU kernel (fp32 accumulation) is compared within a tolerance anyway.
+ * NaN codes (0x7F / 0xFF) and NaN scales propagate to the rows they touch. Rows before offsets[0]
+ * or at/after offsets[E] are written as +0. out [R, N] bf16 bit patterns; rows [r_begin, r_end).
+ * a, sa, b, sb may be NULL when K == 0 (expert rows are then 0). Offsets must be non-negative and
+ * non-decreasing (MOK_ERR_ARG otherwise); the CUDA kernel further needs K % 128 == N % 128 == 0 and
+ * 128-aligned offsets, the core does not. */
+int mok_grouped_gemm_fp8_blockwise(const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
+                                   const int32_t* offsets, int64_t E, int64_t N, int64_t K, int64_t r_begin,
+                                   int64_t r_end, uint16_t* out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1050,6 +1050,184 @@ static void test_gemm(mok_dtype dt) {
     plan_free(&p);
 }
 
+/* ---------------------------------------------------------------- FP8 blockwise grouped GEMM */
+
+/* A random E4M3 code that is not NaN. */
+static uint8_t rand_e4m3(void) {
+    uint8_t c;
+    do c = (uint8_t)(rng_u64() & 0xffu);
+    while ((c & 0x7fu) == 0x7fu);
+    return c;
+}
+
+/* The formula of mok_core.h, one element at a time. */
+static void ref_gemm_fp8(const uint8_t* a, const float* sa, const uint8_t* b, const float* sb, const int32_t* off,
+                         int64_t E, int64_t N, int64_t K, int64_t R, uint16_t* out) {
+    const int64_t nkb = (K + 127) / 128, nnb = (N + 127) / 128;
+    int64_t r, n, kb, k, e;
+    for (r = 0; r < R; r++) {
+        for (e = 0; e < E && !(r >= off[e] && r < off[e + 1]); e++) {
+        }
+        for (n = 0; n < N; n++) {
+            double acc = 0.0;
+            for (kb = 0; e < E && kb < nkb; kb++) {
+                double s = 0.0;
+                for (k = kb * 128; k < K && k < kb * 128 + 128; k++)
+                    s += (double)mok_e4m3_to_f32(a[r * K + k]) * (double)mok_e4m3_to_f32(b[(e * N + n) * K + k]);
+                acc += s * ((double)sa[r * nkb + kb] * (double)sb[(e * nnb + n / 128) * nkb + kb]);
+            }
+            out[r * N + n] = mok_f32_to_bf16((float)acc);
+        }
+    }
+}
+
+static void test_gemm_fp8_hand(void) {
+    /* R = 4, E = 2, N = 2, K = 256 (two K blocks, one N tile): rows 0-1 expert 0, row 2 expert 1,
+     * row 3 outside every expert. */
+    enum { R = 4, E = 2, N = 2, K = 256 };
+    static uint8_t a[R * K], b[E * N * K];
+    float sa[R * 2] = {0.25f, 4.0f, 0.5f, 1.0f, 1.005859375f, 3.0f, 7.0f, 7.0f};
+    float sb[E * 1 * 2] = {2.0f, 0.125f, 1.0f, 0.5f};
+    int32_t off[E + 1] = {0, 2, 3};
+    uint16_t out[R * N];
+    int i;
+    memset(a, 0, sizeof a);
+    memset(b, 0, sizeof b);
+#define A_(r, k) a[(r) * K + (k)]
+#define B_(e, n, k) b[((e) * N + (n)) * K + (k)]
+    A_(0, 0) = mok_f32_to_e4m3(1.0f);
+    A_(0, 1) = mok_f32_to_e4m3(2.0f);
+    A_(0, 128) = mok_f32_to_e4m3(0.5f);
+    B_(0, 0, 0) = mok_f32_to_e4m3(3.0f);
+    B_(0, 0, 1) = mok_f32_to_e4m3(-1.0f);
+    B_(0, 0, 128) = mok_f32_to_e4m3(6.0f);
+    B_(0, 1, 1) = mok_f32_to_e4m3(0.5f);
+    A_(1, 5) = mok_f32_to_e4m3(-448.0f);
+    B_(0, 0, 5) = mok_f32_to_e4m3(0.25f);
+    A_(2, 0) = mok_f32_to_e4m3(1.0f);
+    A_(2, 130) = mok_f32_to_e4m3(1.5f);
+    B_(1, 0, 0) = mok_f32_to_e4m3(1.0f);
+    B_(1, 1, 130) = mok_f32_to_e4m3(-2.0f);
+    for (i = 0; i < K; i++) A_(3, i) = mok_f32_to_e4m3(1.0f); /* outside: must not show */
+    for (i = 0; i < K; i++) B_(1, 0, i) = i == 0 ? B_(1, 0, i) : mok_f32_to_e4m3(0.0f);
+#undef A_
+#undef B_
+    for (i = 0; i < R * N; i++) out[i] = 0x7777;
+    CHECK(mok_grouped_gemm_fp8_blockwise(a, sa, b, sb, off, E, N, K, 0, R, out) == MOK_OK, "fp8 gemm hand");
+    /* out[0,0] = 0.25*2*(1*3 + 2*-1) + 4*0.125*(0.5*6) = 2; out[0,1] = 0.25*2*(2*0.5) = 0.5 */
+    CHECK(out[0] == mok_f32_to_bf16(2.0f) && out[1] == mok_f32_to_bf16(0.5f), "fp8 hand row 0: %04x %04x", out[0],
+          out[1]);
+    /* out[1,0] = 0.5*2*(-448*0.25) = -112 */
+    CHECK(out[2] == mok_f32_to_bf16(-112.0f) && out[3] == 0, "fp8 hand row 1: %04x %04x", out[2], out[3]);
+    /* out[2,0] = 1.005859375*1*(1*1) rounds to bf16 1.0078125 (0x3f81); out[2,1] = 3*0.5*(1.5*-2) = -4.5 */
+    CHECK(out[4] == 0x3f81 && out[5] == mok_f32_to_bf16(-4.5f), "fp8 hand row 2: %04x %04x", out[4], out[5]);
+    CHECK(out[6] == 0 && out[7] == 0, "fp8 hand row 3 (outside the experts) not +0: %04x %04x", out[6], out[7]);
+    /* A NaN code reaches its row only. */
+    a[2 * K + 7] = 0x7f;
+    CHECK(mok_grouped_gemm_fp8_blockwise(a, sa, b, sb, off, E, N, K, 0, R, out) == MOK_OK, "fp8 gemm NaN");
+    CHECK(is_bf16_nan(out[4]) && is_bf16_nan(out[5]) && out[0] == mok_f32_to_bf16(2.0f), "fp8 NaN propagation");
+}
+
+static void test_gemm_fp8_random(void) {
+    /* Partial K and N blocks (the core allows them), an empty expert, rows past offsets[E]. */
+    static const int64_t shapes[][2] = {{45, 200}, {256, 384}, {130, 128}, {7, 0}};
+    int si;
+    for (si = 0; si < 4; si++) {
+        const int64_t N = shapes[si][0], K = shapes[si][1], E = 4, R = 41;
+        const int64_t nkb = (K + 127) / 128, nnb = (N + 127) / 128;
+        int32_t off[5] = {3, 12, 12, 30, 37}; /* rows 0-2 and 37-40 outside; expert 1 empty */
+        uint8_t* a = malloc((size_t)(R * K + 1));
+        uint8_t* b = malloc((size_t)(E * N * K + 1));
+        float* sa = malloc((size_t)(R * nkb + 1) * sizeof(float));
+        float* sb = malloc((size_t)(E * nnb * nkb + 1) * sizeof(float));
+        uint16_t* out = malloc((size_t)(R * N) * sizeof(uint16_t));
+        uint16_t* ref = malloc((size_t)(R * N) * sizeof(uint16_t));
+        int64_t i, diff = 0, outside = 0;
+        for (i = 0; i < R * K; i++) a[i] = rand_e4m3();
+        for (i = 0; i < E * N * K; i++) b[i] = rand_e4m3();
+        for (i = 0; i < R * nkb; i++) sa[i] = (float)ldexp(0.5 + rng_unif(), (int)rng_int(20) - 10);
+        for (i = 0; i < E * nnb * nkb; i++) sb[i] = (float)ldexp(0.5 + rng_unif(), (int)rng_int(20) - 10);
+        ref_gemm_fp8(a, sa, b, sb, off, E, N, K, R, ref);
+        for (i = 0; i < R * N; i++) out[i] = 0x7777;
+        CHECK(mok_grouped_gemm_fp8_blockwise(a, sa, b, sb, off, E, N, K, 20, R, out) == MOK_OK, "fp8 gemm");
+        CHECK(mok_grouped_gemm_fp8_blockwise(a, sa, b, sb, off, E, N, K, 0, 20, out) == MOK_OK, "fp8 gemm");
+        for (i = 0; i < R * N; i++) diff += out[i] != ref[i];
+        for (i = 0; i < R * N; i++) outside += (i < off[0] * N || i >= off[E] * N) && out[i] != 0;
+        CHECK(diff == 0, "fp8 gemm N %d K %d: %d elements differ from the formula", (int)N, (int)K, (int)diff);
+        CHECK(outside == 0, "fp8 gemm N %d K %d: rows outside the experts not +0", (int)N, (int)K);
+        if (K == 0) {
+            int64_t nz = 0;
+            for (i = 0; i < R * N; i++) nz += out[i] != 0;
+            CHECK(nz == 0, "fp8 gemm K = 0: rows not zero");
+        }
+        /* a sub-range leaves the other rows alone */
+        for (i = 0; i < R * N; i++) out[i] = 0x7777;
+        mok_grouped_gemm_fp8_blockwise(a, sa, b, sb, off, E, N, K, 10, 33, out);
+        diff = 0;
+        for (i = 0; i < R * N; i++) diff += (i >= 10 * N && i < 33 * N) ? out[i] != ref[i] : out[i] != 0x7777;
+        CHECK(diff == 0, "fp8 gemm sub-range N %d K %d", (int)N, (int)K);
+        /* ref (= out, checked above) against exact math on the decoded operands: only the final bf16
+         * rounding (<= 2^-8 relative, plus double rounding noise) separates them */
+        if (K > 0) {
+            int64_t r, n, k, e, bad = 0;
+            for (e = 0; e < E; e++)
+                for (r = off[e]; r < off[e + 1]; r++)
+                    for (n = 0; n < N; n++) {
+                        double s = 0.0, mag = 0.0;
+                        for (k = 0; k < K; k++) {
+                            double p = (double)mok_e4m3_to_f32(a[r * K + k]) * sa[r * nkb + k / 128] *
+                                       (double)mok_e4m3_to_f32(b[(e * N + n) * K + k]) *
+                                       sb[(e * nnb + n / 128) * nkb + k / 128];
+                            s += p;
+                            mag += fabs(p);
+                        }
+                        bad += fabs(mok_bf16_to_f32(ref[r * N + n]) - s) > 0x1p-8 * fabs(s) + 1e-12 * mag;
+                    }
+            CHECK(bad == 0, "fp8 gemm N %d K %d vs double: %d elements", (int)N, (int)K, (int)bad);
+        }
+        free(a);
+        free(b);
+        free(sa);
+        free(sb);
+        free(out);
+        free(ref);
+    }
+}
+
+static void test_gemm_fp8_args(void) {
+    uint8_t a[128] = {0}, b[128] = {0};
+    float sa[1] = {1.0f}, sb[1] = {1.0f};
+    uint16_t out[4];
+    int32_t off[2] = {0, 1}, dec[3] = {0, 1, 0}, neg[2] = {-1, 1};
+    CHECK(mok_grouped_gemm_fp8_blockwise(a, sa, b, sb, off, 1, 1, 128, 0, 1, out) == MOK_OK, "fp8 args ok");
+    CHECK(mok_grouped_gemm_fp8_blockwise(a, sa, b, sb, off, -1, 1, 128, 0, 1, out) == MOK_ERR_ARG, "fp8 E < 0");
+    CHECK(mok_grouped_gemm_fp8_blockwise(a, sa, b, sb, off, 1, -1, 128, 0, 1, out) == MOK_ERR_ARG, "fp8 N < 0");
+    CHECK(mok_grouped_gemm_fp8_blockwise(a, sa, b, sb, off, 1, 1, -128, 0, 1, out) == MOK_ERR_ARG, "fp8 K < 0");
+    CHECK(mok_grouped_gemm_fp8_blockwise(a, sa, b, sb, off, 1, 1, 128, 1, 0, out) == MOK_ERR_ARG, "fp8 r_end < r_begin");
+    CHECK(mok_grouped_gemm_fp8_blockwise(a, sa, b, sb, off, 1, 1, 128, -1, 1, out) == MOK_ERR_ARG, "fp8 r_begin < 0");
+    CHECK(mok_grouped_gemm_fp8_blockwise(a, sa, b, sb, NULL, 1, 1, 128, 0, 1, out) == MOK_ERR_ARG, "fp8 no offsets");
+    CHECK(mok_grouped_gemm_fp8_blockwise(a, sa, b, sb, dec, 2, 1, 128, 0, 1, out) == MOK_ERR_ARG,
+          "fp8 decreasing offsets");
+    CHECK(mok_grouped_gemm_fp8_blockwise(a, sa, b, sb, neg, 1, 1, 128, 0, 1, out) == MOK_ERR_ARG,
+          "fp8 negative offset");
+    CHECK(mok_grouped_gemm_fp8_blockwise(NULL, sa, b, sb, off, 1, 1, 128, 0, 1, out) == MOK_ERR_ARG, "fp8 no a");
+    CHECK(mok_grouped_gemm_fp8_blockwise(a, NULL, b, sb, off, 1, 1, 128, 0, 1, out) == MOK_ERR_ARG, "fp8 no sa");
+    CHECK(mok_grouped_gemm_fp8_blockwise(a, sa, NULL, sb, off, 1, 1, 128, 0, 1, out) == MOK_ERR_ARG, "fp8 no b");
+    CHECK(mok_grouped_gemm_fp8_blockwise(a, sa, b, NULL, off, 1, 1, 128, 0, 1, out) == MOK_ERR_ARG, "fp8 no sb");
+    CHECK(mok_grouped_gemm_fp8_blockwise(a, sa, b, sb, off, 1, 1, 128, 0, 1, NULL) == MOK_ERR_ARG, "fp8 no out");
+    /* nothing to read: K == 0 needs no operands, no rows or N == 0 need no output */
+    out[0] = 0x7777;
+    CHECK(mok_grouped_gemm_fp8_blockwise(NULL, NULL, NULL, NULL, off, 1, 1, 0, 0, 1, out) == MOK_OK && out[0] == 0,
+          "fp8 K = 0");
+    CHECK(mok_grouped_gemm_fp8_blockwise(NULL, NULL, NULL, NULL, off, 1, 1, 128, 0, 0, NULL) == MOK_OK, "fp8 R = 0");
+    CHECK(mok_grouped_gemm_fp8_blockwise(NULL, NULL, NULL, NULL, off, 1, 0, 128, 0, 1, NULL) == MOK_OK, "fp8 N = 0");
+    /* E == 0: every row is outside */
+    out[0] = out[1] = 0x7777;
+    CHECK(mok_grouped_gemm_fp8_blockwise(NULL, NULL, NULL, NULL, off, 0, 1, 0, 0, 2, out) == MOK_OK && out[0] == 0 &&
+              out[1] == 0,
+          "fp8 E = 0");
+}
+
 int main(void) {
     static const mok_dtype dts[] = {MOK_F64, MOK_F32, MOK_BF16, MOK_F16};
     int i;
@@ -1071,6 +1249,9 @@ int main(void) {
         test_swiglu(dts[i]);
         test_gemm(dts[i]);
     }
+    test_gemm_fp8_hand();
+    test_gemm_fp8_random();
+    test_gemm_fp8_args();
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

@@ -1,0 +1,97 @@
+/*
+ * FP8 blockwise grouped GEMM (E4M3 codes, fp32 scales per 1x128 A block and per 128x128 B tile)
+ * over the plan's row space: the CPU op and the oracle of the sm_90a kernel. The arithmetic is
+ * specified in mok_core.h.
+ *
+ * Work goes in tiles of MB rows x NB columns x one 128-wide K block. Codes are decoded through a
+ * 256-entry table built per call (no allocation, no shared state). A block's sum of products is
+ * exact in double (see mok_core.h), so the vectorised micro-kernel may run across columns freely;
+ * the blocks are then scaled and added in increasing kb order, one accumulator per output element,
+ * and rounded once at the end.
+ */
+#include "internal.h"
+
+enum { FB = 128, MB = 16, NB = 32 }; /* FB: the FP8 scale block; NB divides FB */
+
+typedef struct {
+    double lut[256]; /* e4m3 code -> value */
+    const uint8_t* a;
+    const float* sa;
+    const uint8_t* b;
+    const float* sb;
+    int64_t N, K, nkb, nnb; /* nkb = ceil(K / FB), nnb = ceil(N / FB) */
+} fp8_args;
+
+/* acc[i][j] += (sum_k at[i][k] * bt[k][j]) * scale[i] for i < mi, k < kn (exact block sums). */
+static void block_kern(double* acc, const double* at, const double* bt, const double* scale, int64_t mi,
+                       int64_t kn) {
+    int64_t i, k;
+    int j;
+    for (i = 0; i < mi; i++) {
+        double s[NB];
+        memset(s, 0, sizeof s);
+        for (k = 0; k < kn; k++) {
+            double av = at[i * FB + k];
+            const double* br = bt + k * NB;
+            for (j = 0; j < NB; j++) s[j] += av * br[j];
+        }
+        for (j = 0; j < NB; j++) acc[i * NB + j] += s[j] * scale[i];
+    }
+}
+
+/* Rows [r0, r0 + mi) of expert e, columns [n0, n0 + nj). */
+static void fp8_tile(const fp8_args* g, int64_t e, int64_t r0, int64_t mi, int64_t n0, int64_t nj, uint16_t* out) {
+    double acc[MB * NB], at[MB * FB], bt[FB * NB], scale[MB];
+    int64_t kb, i, j, k;
+    memset(acc, 0, sizeof acc);
+    for (kb = 0; kb < g->nkb; kb++) {
+        const int64_t k0 = kb * FB, kn = mok_min64(FB, g->K - k0);
+        const double sbv = (double)g->sb[(e * g->nnb + n0 / FB) * g->nkb + kb];
+        for (i = 0; i < mi; i++) {
+            const uint8_t* ar = g->a + (r0 + i) * g->K + k0;
+            for (k = 0; k < kn; k++) at[i * FB + k] = g->lut[ar[k]];
+            scale[i] = (double)g->sa[(r0 + i) * g->nkb + kb] * sbv; /* exact */
+        }
+        memset(bt, 0, sizeof bt); /* columns j >= nj stay 0 */
+        for (j = 0; j < nj; j++) {
+            const uint8_t* br = g->b + (e * g->N + n0 + j) * g->K + k0;
+            for (k = 0; k < kn; k++) bt[k * NB + j] = g->lut[br[k]];
+        }
+        block_kern(acc, at, bt, scale, mi, kn);
+    }
+    for (i = 0; i < mi; i++)
+        for (j = 0; j < nj; j++) out[(r0 + i) * g->N + n0 + j] = mok_f32_to_bf16_inl((float)acc[i * NB + j]);
+}
+
+int mok_grouped_gemm_fp8_blockwise(const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
+                                   const int32_t* offsets, int64_t E, int64_t N, int64_t K, int64_t r_begin,
+                                   int64_t r_end, uint16_t* out) {
+    fp8_args g;
+    int64_t e, r, n0, r0;
+    int c;
+    if (E < 0 || N < 0 || K < 0 || r_begin < 0 || r_end < r_begin || !offsets) return MOK_ERR_ARG;
+    if (offsets[0] < 0) return MOK_ERR_ARG;
+    for (e = 0; e < E; e++)
+        if (offsets[e + 1] < offsets[e]) return MOK_ERR_ARG;
+    if (r_end > r_begin && N > 0 && (!out || (K > 0 && (!a || !sa || !b || !sb)))) return MOK_ERR_ARG;
+    if (N == 0 || r_end == r_begin) return MOK_OK;
+    for (c = 0; c < 256; c++) g.lut[c] = (double)mok_e4m3_to_f32((uint8_t)c);
+    g.a = a;
+    g.sa = sa;
+    g.b = b;
+    g.sb = sb;
+    g.N = N;
+    g.K = K;
+    g.nkb = (K + FB - 1) / FB;
+    g.nnb = (N + FB - 1) / FB;
+    /* Rows outside every expert (before offsets[0] or at/after offsets[E]) are zero. */
+    for (r = r_begin; r < r_end; r++)
+        if (r < offsets[0] || r >= offsets[E]) memset(out + r * N, 0, (size_t)N * sizeof *out);
+    for (e = 0; e < E; e++) {
+        const int64_t lo = mok_max64(offsets[e], r_begin), hi = mok_min64(offsets[e + 1], r_end);
+        for (r0 = lo; r0 < hi; r0 += MB)
+            for (n0 = 0; n0 < N; n0 += NB)
+                fp8_tile(&g, e, r0, mok_min64(MB, hi - r0), n0, mok_min64(NB, N - n0), out);
+    }
+    return MOK_OK;
+}
