@@ -169,6 +169,20 @@ struct mok_quantize_fp8_args {
 };
 int mok_quantize_fp8_cuda(const struct mok_quantize_fp8_args* args, cudaStream_t stream);
 
+/* Row-wise and column-wise copies from one read of x (bf16 only; recipes 1x128 and mxfp8):
+ * (q, scales) as mok_quantize_fp8_cuda(x), (qt, scales_t) as mok_quantize_fp8_cuda(x^T contiguous). */
+struct mok_quantize_fp8_rowcol_args {
+    const void* x;  /* [M, N] */
+    mok_dtype dtype;
+    int64_t M, N;
+    int recipe;     /* MOK_FP8_BLOCKWISE_1X128 or MOK_FP8_MXFP8 */
+    uint8_t* q;     /* [M, N] */
+    void* scales;   /* [M, ceil(N / B)] */
+    uint8_t* qt;    /* [N, M] */
+    void* scales_t; /* [N, ceil(M / B)] */
+};
+int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol_args* args, cudaStream_t stream);
+
 struct mok_dequantize_fp8_args {
     const uint8_t* q;
     const void* scales;

@@ -7,6 +7,9 @@
  * A block holding NaN or Inf gets the NaN scale and every code 0x7F. Partial blocks cover the
  * elements that exist.
  *
+ * bf16 (the data path's dtype) runs the tile kernels of quant/quantize_bf16_tile.cuh, written to
+ * reach the memory's speed; they also make the row-wise and column-wise copies in one pass
+ * (mok_quantize_fp8_rowcol_cuda). The other dtypes keep the simple kernels below:
  * 1xB: B / 8 threads per block, 8 consecutive columns each (one 16-byte load for bf16 rows with
  * N % 8 == 0), amax by shuffles inside the group (max is exact in any order). BxB: one CTA per
  * tile, 64 values per thread held in registers between the amax and the encoding.
@@ -21,6 +24,7 @@
 #include "common/fp8.cuh"
 #include "common/launch.cuh"
 #include "common/vec.cuh"
+#include "quant/quantize_bf16_tile.cuh"
 
 namespace {
 
@@ -34,17 +38,6 @@ __device__ __forceinline__ void load8(const T* row, int64_t c, int64_t n_valid, 
     for (int i = 0; i < 8; ++i) v[i] = c + i < n_valid ? (float)mok_to_acc(row[c + i]) : 0.f;
     (void)vec_ok;
 }
-template <>
-__device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16* row, int64_t c, int64_t n_valid,
-                                                     bool vec_ok, float (&v)[8]) {
-    if (vec_ok && c + 8 <= n_valid) {
-        mok_unpack8(mok_ld8(row + c), v);
-        return;
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = c + i < n_valid ? __bfloat162float(row[c + i]) : 0.f;
-}
-
 /* Codes [c, c + 8) of a row: one 8-byte store when aligned and in range. */
 __device__ __forceinline__ void store8(uint8_t* row, int64_t c, int64_t n_valid, bool vec_ok, const uint8_t (&b)[8]) {
     if (vec_ok && c + 8 <= n_valid) {
@@ -185,6 +178,21 @@ __global__ void __launch_bounds__(Q_THREADS) dequantize_kernel(const uint8_t* __
     }
 }
 
+/* bf16: one CTA per 128 x 128 tile (quant/quantize_bf16_tile.cuh). */
+int quantize_bf16_launch(const struct mok_quantize_fp8_args* a, cudaStream_t stream) {
+    using namespace mok_qtile;
+    const int64_t tiles = tile_count(a->M, a->N);
+    MOK_CHECK_ARG(tiles <= MOK_INT32_LIMIT);
+    const tile_args t = tile_args_of(static_cast<const __nv_bfloat16*>(a->x), a->M, a->N, a->q, a->scales, 0, 0);
+    const unsigned grid = (unsigned)tiles;
+    switch (a->recipe) {
+        case MOK_FP8_BLOCKWISE_128X128: quantize_tile128_bf16_kernel<<<grid, kThreads, 0, stream>>>(t); break;
+        case MOK_FP8_MXFP8: quantize_rows_bf16_kernel<32, true><<<grid, kThreads, 0, stream>>>(t); break;
+        default: quantize_rows_bf16_kernel<128, false><<<grid, kThreads, 0, stream>>>(t); break;
+    }
+    return mok_launch_status();
+}
+
 template <typename T>
 int quantize_launch(const struct mok_quantize_fp8_args* a, cudaStream_t stream) {
     const T* x = static_cast<const T*>(a->x);
@@ -218,12 +226,31 @@ extern "C" int mok_quantize_fp8_cuda(const struct mok_quantize_fp8_args* a, cuda
     if (a->M == 0 || a->N == 0) return 0;
     MOK_CHECK_ARG(a->x != NULL && a->q != NULL && a->scales != NULL);
     switch (a->dtype) {
-        case MOK_BF16: return quantize_launch<__nv_bfloat16>(a, stream);
+        case MOK_BF16: return quantize_bf16_launch(a, stream);
         case MOK_F16: return quantize_launch<__half>(a, stream);
         case MOK_F32: return quantize_launch<float>(a, stream);
         case MOK_F64: return quantize_launch<double>(a, stream);
         default: return MOK_ERR_DTYPE;
     }
+}
+
+extern "C" int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol_args* a, cudaStream_t stream) {
+    using namespace mok_qtile;
+    MOK_CHECK_ARG(a != NULL && a->M >= 0 && a->N >= 0 &&
+                  (a->recipe == MOK_FP8_BLOCKWISE_1X128 || a->recipe == MOK_FP8_MXFP8));
+    if (a->dtype != MOK_BF16) return MOK_ERR_DTYPE;
+    if (a->M == 0 || a->N == 0) return 0;
+    MOK_CHECK_ARG(a->x != NULL && a->q != NULL && a->scales != NULL && a->qt != NULL && a->scales_t != NULL);
+    const int64_t tiles = tile_count(a->M, a->N);
+    MOK_CHECK_ARG(tiles <= MOK_INT32_LIMIT);
+    const tile_args t = tile_args_of(static_cast<const __nv_bfloat16*>(a->x), a->M, a->N, a->q, a->scales, a->qt,
+                                     a->scales_t);
+    if (a->recipe == MOK_FP8_MXFP8) {
+        quantize_rowcol_bf16_kernel<32, true><<<(unsigned)tiles, kThreads, 0, stream>>>(t);
+    } else {
+        quantize_rowcol_bf16_kernel<128, false><<<(unsigned)tiles, kThreads, 0, stream>>>(t);
+    }
+    return mok_launch_status();
 }
 
 extern "C" int mok_dequantize_fp8_cuda(const struct mok_dequantize_fp8_args* a, cudaStream_t stream) {

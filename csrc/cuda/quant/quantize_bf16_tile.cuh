@@ -1,0 +1,378 @@
+/*
+ * FP8 quantisation of bf16 [M, N] tensors at the memory's speed: the kernels behind
+ * mok_quantize_fp8_cuda (1x128, 128x128, MXFP8 1x32) and mok_quantize_fp8_rowcol_cuda (row-wise
+ * and column-wise copies from one read of x), bit-exact with the C core (csrc/core/quantize.c).
+ *
+ * Why the layout is what it is (the first version ran at 0.33-0.49x of the copy bandwidth):
+ * - One CTA per 128 x 128 tile, 256 threads. Thread t owns an 8 x 8 block: rows 8g .. 8g + 7 with
+ *   g = t / 16, columns 8p .. 8p + 7 with p = t % 16. Its 8 rows are 8 independent 16-byte loads,
+ *   all issued before any is used (128 B in flight per thread, several CTAs per SM), and each load
+ *   instruction of a warp reads two 256-byte row segments. No 64-bit division anywhere: one 32-bit
+ *   division per CTA finds its tile.
+ * - The block stays packed as bf16 words (32 registers). Magnitudes are compared as integers, two
+ *   at a time (max.u16x2 on the bits with the sign cleared): for non-negative floats integer order
+ *   is value order, and NaN/Inf are the patterns >= 0x7F80, so one max gives both amax and the
+ *   "bad block" flag. Row amaxes of two rows share a word, which halves the shuffles.
+ * - Row-wise blocks (128 or 32 columns) are 16 or 4 lanes of one half-warp: an xor-shuffle
+ *   reduction, codes from registers, 8-byte stores (a warp writes two 128-byte row segments).
+ * - Column-wise (rowcol only): a column block (128 or 32 rows) spans 16 or 4 threads of different
+ *   warps, so each thread's column maxima go through shared memory (4 KiB) once; the codes of the
+ *   transposed tile are written to shared memory (16 KiB) and leave as 16-byte stores, a warp
+ *   writing four 128-byte rows of qt.
+ * - Division-free encoding (common/fp8.cuh: proved by exhaustion over bf16 inputs).
+ * Rows past M and columns past N read as 0 (which leaves every amax unchanged) and are never
+ * stored. Rows with N % 8 != 0 or unaligned pointers take element-wise loads and byte stores.
+ */
+#ifndef MOK_CUDA_QUANT_QUANTIZE_BF16_TILE_CUH
+#define MOK_CUDA_QUANT_QUANTIZE_BF16_TILE_CUH
+
+#include <stdint.h>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+
+#include "../common/fp8.cuh"
+
+namespace mok_qtile {
+
+enum {
+    kTile = 128,                    /* rows and columns of a CTA's tile */
+    kThreads = 256,
+    kPieces = kTile / 8,            /* 16-byte pieces (8 bf16) across a tile row: 16 */
+    kChunks = kThreads / kPieces,   /* 8-row chunks down the tile: 16 */
+};
+static_assert(kChunks * 8 == kTile, "256 threads cover a 128 x 128 tile as 16 x 16 blocks of 8 x 8");
+
+/* Everything a tile kernel needs; filled once on the host by tile_args_of. */
+struct tile_args {
+    const __nv_bfloat16* x; /* [M, N] */
+    int64_t M, N;
+    uint8_t* q;             /* [M, N] codes */
+    void* scales;           /* row-wise scales: fp32 or E8M0 by recipe */
+    uint8_t* qt;            /* [N, M] codes of x^T (rowcol only) */
+    void* scales_t;         /* their scales (rowcol only) */
+    int nbn;                /* tiles along N */
+    int vec;                /* rows of x load as 16 B and rows of q store as 8 B (N % 8 == 0, aligned) */
+    int vec_t;              /* rows of qt store as 16 B (M % 16 == 0, aligned) */
+};
+
+static inline tile_args tile_args_of(const __nv_bfloat16* x, int64_t M, int64_t N, uint8_t* q, void* scales,
+                                     uint8_t* qt, void* scales_t) {
+    tile_args a;
+    a.x = x;
+    a.M = M;
+    a.N = N;
+    a.q = q;
+    a.scales = scales;
+    a.qt = qt;
+    a.scales_t = scales_t;
+    a.nbn = (int)((N + kTile - 1) / kTile);
+    a.vec = N % 8 == 0 && ((uintptr_t)x & 15u) == 0 && ((uintptr_t)q & 7u) == 0;
+    a.vec_t = qt != 0 && M % 16 == 0 && ((uintptr_t)qt & 15u) == 0;
+    return a;
+}
+
+/* Number of CTAs (tiles) of a launch. */
+static inline int64_t tile_count(int64_t M, int64_t N) { return ((M + kTile - 1) / kTile) * ((N + kTile - 1) / kTile); }
+
+/* The thread's place: tile (tm, tn), chunk g, piece p, its first row r0 and first column c, and
+ * how many of its 8 rows and 8 columns exist (0 .. 8). */
+struct tile_thread {
+    int g, p, tm, tn, rows, cols;
+    int64_t m0, n0, r0, c;
+};
+
+__device__ __forceinline__ tile_thread tile_thread_of(const tile_args& a) {
+    tile_thread t;
+    t.p = (int)threadIdx.x % kPieces;
+    t.g = (int)threadIdx.x / kPieces;
+    t.tm = (int)blockIdx.x / a.nbn;
+    t.tn = (int)blockIdx.x - t.tm * a.nbn;
+    t.m0 = (int64_t)t.tm * kTile;
+    t.n0 = (int64_t)t.tn * kTile;
+    t.r0 = t.m0 + 8 * t.g;
+    t.c = t.n0 + 8 * t.p;
+    t.rows = (int)(a.M - t.r0 < 0 ? 0 : (a.M - t.r0 > 8 ? 8 : a.M - t.r0));
+    t.cols = (int)(a.N - t.c < 0 ? 0 : (a.N - t.c > 8 ? 8 : a.N - t.c));
+    return t;
+}
+
+/* ---- packed bf16 helpers ---- */
+
+__device__ __forceinline__ uint32_t vmax2(uint32_t a, uint32_t b) { return __vmaxu2(a, b); }
+__device__ __forceinline__ float lo_f(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float hi_f(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
+
+/* ---- load: the thread's 8 x 8 block, w[i][k] = bf16 columns 2k (low half) and 2k + 1 of row i ---- */
+__device__ __forceinline__ void load_block(const tile_args& a, const tile_thread& t, uint32_t (&w)[8][4]) {
+    const int rows = t.cols > 0 ? t.rows : 0;
+    if (a.vec) {
+        /* NOTE: eight independent loads, no use in between: they are all in flight at once. */
+        const __nv_bfloat16* src = a.x + t.r0 * a.N + t.c;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            uint4 u = make_uint4(0u, 0u, 0u, 0u);
+            if (i < rows) u = __ldg(reinterpret_cast<const uint4*>(src));
+            src += a.N;
+            w[i][0] = u.x;
+            w[i][1] = u.y;
+            w[i][2] = u.z;
+            w[i][3] = u.w;
+        }
+        return;
+    }
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(a.x) + t.r0 * a.N + t.c;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const uint32_t lo = i < rows && 2 * k < t.cols ? src[2 * k] : 0u;
+            const uint32_t hi = i < rows && 2 * k + 1 < t.cols ? src[2 * k + 1] : 0u;
+            w[i][k] = lo | (hi << 16);
+        }
+        src += a.N;
+    }
+}
+
+/* Magnitude maxima of the block as bf16 bits: rm[j] holds row 2j (low half) and row 2j + 1 (high
+ * half); cm[k] holds columns 2k (low) and 2k + 1 (high). */
+__device__ __forceinline__ void block_maxima(const uint32_t (&w)[8][4], uint32_t (&rm)[4], uint32_t (&cm)[4]) {
+    uint32_t row[8];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) cm[k] = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        row[i] = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const uint32_t m = w[i][k] & 0x7FFF7FFFu;
+            row[i] = vmax2(row[i], m);
+            cm[k] = vmax2(cm[k], m);
+        }
+    }
+    /* NOTE: byte_perm 0x5410 pairs the low halves of (row 2j, row 2j + 1), 0x7632 the high ones. */
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        rm[j] = vmax2(__byte_perm(row[2 * j], row[2 * j + 1], 0x5410), __byte_perm(row[2 * j], row[2 * j + 1], 0x7632));
+}
+
+/* ---- a block's scale and the encoding of 8 of its values ---- */
+
+struct block_scale {
+    float s, r;    /* fp32 scale and RN(1 / s) (blockwise); 2^-e (mx) in r */
+    uint32_t e8;   /* E8M0 code (mx) */
+    bool bad;      /* NaN or Inf in the block: NaN scale, every code 0x7F */
+    bool fast;     /* blockwise: the division-free quotient applies */
+};
+
+/* amax_bits: the block's largest magnitude as bf16 bits (>= 0x7F80: NaN or Inf present). */
+template <bool kMx>
+__device__ __forceinline__ block_scale block_scale_of(uint32_t amax_bits) {
+    block_scale b;
+    const float amax = __uint_as_float(amax_bits << 16);
+    b.bad = amax_bits >= 0x7F80u;
+    b.fast = amax_bits == 0 || amax_bits >= MOK_QUOT_FAST_MIN_BF16;
+    if (kMx) {
+        b.e8 = b.bad ? 0xFFu : mok_dev_e8m0_rceil_of_q(mok_dev_div448(amax));
+        b.s = 0.f;
+        b.r = b.bad ? 0.f : mok_dev_e8m0_inverse(b.e8);
+    } else {
+        b.e8 = 0;
+        b.s = b.bad ? __int_as_float(0x7FC00000) : (amax_bits == 0 ? 1.f : mok_dev_div448(amax));
+        b.r = b.bad ? 0.f : __frcp_rn(b.s);
+    }
+    return b;
+}
+
+/* The codes of 8 values of one block, value j in byte j. */
+template <bool kMx>
+__device__ __forceinline__ uint2 encode8(const float (&v)[8], const block_scale& b) {
+    if (b.bad) return make_uint2(0x7F7F7F7Fu, 0x7F7F7F7Fu);
+    uint32_t h[4];
+    if (kMx) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) h[j] = mok_dev_e4m3x2(__fmul_rn(v[2 * j], b.r), __fmul_rn(v[2 * j + 1], b.r));
+    } else if (b.fast) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            h[j] = mok_dev_e4m3x2(mok_dev_quot_by_scale(v[2 * j], b.s, b.r),
+                                  mok_dev_quot_by_scale(v[2 * j + 1], b.s, b.r));
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) h[j] = mok_dev_e4m3x2(__fdiv_rn(v[2 * j], b.s), __fdiv_rn(v[2 * j + 1], b.s));
+    }
+    return make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+}
+
+/* 8 codes to dst[0 .. n) (n <= 8): one 8-byte store when vec (then n is 8). */
+__device__ __forceinline__ void store8(uint8_t* dst, uint2 c, bool vec, int n) {
+    if (vec) {
+        *reinterpret_cast<uint2*>(dst) = c;
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+        if (j < n) dst[j] = (uint8_t)((j < 4 ? c.x : c.y) >> (8 * (j & 3)));
+}
+
+/* ---- row-wise: 1xB blocks along N (B = 128 fp32 scales, or B = 32 E8M0 scales) ---- */
+template <int B, bool kMx>
+__device__ __forceinline__ void quantize_rows(const tile_args& a, const tile_thread& t, const uint32_t (&w)[8][4],
+                                              uint32_t (&rm)[4]) {
+    enum { kLanes = B / 8 }; /* lanes of one block: 16 or 4, inside one half-warp */
+    static_assert(B == 128 || B == 32, "row blocks are 128 or 32 columns");
+    /* NOTE: every lane runs the shuffles (rows past M hold zeros), so the full mask is right. */
+#pragma unroll
+    for (int off = 1; off < kLanes; off *= 2)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) rm[j] = vmax2(rm[j], __shfl_xor_sync(0xFFFFFFFFu, rm[j], off));
+    if (t.cols == 0) return;
+    const int64_t nbs = (a.N + B - 1) / B;                     /* scale columns */
+    const bool lead = t.p % kLanes == 0;                       /* the lane that stores the scale */
+    uint8_t* dst = a.q + t.r0 * a.N + t.c;
+    const int64_t s0 = t.r0 * nbs + (kMx ? (int64_t)t.tn * (kTile / B) + t.p / kLanes : t.tn);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        if (i >= t.rows) break;
+        const block_scale b = block_scale_of<kMx>((rm[i / 2] >> (16 * (i & 1))) & 0xFFFFu);
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            v[2 * k] = lo_f(w[i][k]);
+            v[2 * k + 1] = hi_f(w[i][k]);
+        }
+        store8(dst, encode8<kMx>(v, b), a.vec != 0, t.cols);
+        dst += a.N;
+        if (lead) {
+            if (kMx) static_cast<uint8_t*>(a.scales)[s0 + i * nbs] = (uint8_t)b.e8;
+            else static_cast<float*>(a.scales)[s0 + i * nbs] = b.s;
+        }
+    }
+}
+
+/* ---- kernels ---- */
+
+/* 1x128 (fp32 scales) or 1x32 (E8M0 scales) blocks along the rows. */
+template <int B, bool kMx>
+__global__ void __launch_bounds__(kThreads) quantize_rows_bf16_kernel(const tile_args a) {
+    const tile_thread t = tile_thread_of(a);
+    uint32_t w[8][4], rm[4], cm[4];
+    load_block(a, t, w);
+    block_maxima(w, rm, cm);
+    quantize_rows<B, kMx>(a, t, w, rm);
+}
+
+/* 128 x 128 blocks (fp32 scales): the tile is the block. */
+__global__ void __launch_bounds__(kThreads) quantize_tile128_bf16_kernel(const tile_args a) {
+    __shared__ uint32_t s_max[kThreads / 32];
+    const tile_thread t = tile_thread_of(a);
+    const int lane = (int)threadIdx.x % 32, warp = (int)threadIdx.x / 32;
+    uint32_t w[8][4], rm[4], cm[4];
+    load_block(a, t, w);
+    block_maxima(w, rm, cm);
+    /* tile amax: fold the thread's words, then the warp (integer max), then the 8 warps */
+    uint32_t m = vmax2(vmax2(rm[0], rm[1]), vmax2(rm[2], rm[3]));
+    m = max(m & 0xFFFFu, m >> 16);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+    if (lane == 0) s_max[warp] = m;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kThreads / 32; ++i) m = max(m, s_max[i]);
+    const block_scale b = block_scale_of<false>(m);
+    if (threadIdx.x == 0) static_cast<float*>(a.scales)[(int64_t)t.tm * a.nbn + t.tn] = b.s;
+    if (t.cols == 0) return;
+    uint8_t* dst = a.q + t.r0 * a.N + t.c;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        if (i >= t.rows) break;
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            v[2 * k] = lo_f(w[i][k]);
+            v[2 * k + 1] = hi_f(w[i][k]);
+        }
+        store8(dst, encode8<false>(v, b), a.vec != 0, t.cols);
+        dst += a.N;
+    }
+}
+
+/* Shared memory of the rowcol kernel.
+ * part:    [16 chunks][16 pieces] x 16 B = 4 KiB, each thread's column maxima over its 8 rows.
+ * codes_t: [128 columns of x][16 chunks of 8 rows] x 8 B = 16 KiB, the transposed tile's codes.
+ *          NOTE: chunk g of row n sits at slot g ^ (n / 8): the 16 lanes of a half-warp that
+ *          write one 8-byte chunk each (same g, pieces p = n / 8 = 0..15) then hit 16 different
+ *          bank pairs, while a 16-byte read of slots (2j, 2j + 1) still holds two consecutive
+ *          chunks (swapped when n / 8 is odd). */
+struct rowcol_smem {
+    uint4 part[kChunks][kPieces];
+    uint2 codes_t[kTile][kChunks];
+};
+
+/* Row-wise (1xB along N) and column-wise (1xB along M, i.e. of x^T) from one read of x:
+ * (q, scales) = quantize(x), (qt, scales_t) = quantize(x^T contiguous). */
+template <int B, bool kMx>
+__global__ void __launch_bounds__(kThreads) quantize_rowcol_bf16_kernel(const tile_args a) {
+    enum { kGroup = B / 8 }; /* chunks of one column block: 16 (1x128) or 4 (1x32) */
+    __shared__ rowcol_smem s;
+    const tile_thread t = tile_thread_of(a);
+    uint32_t w[8][4], rm[4], cm[4];
+    load_block(a, t, w);
+    block_maxima(w, rm, cm);
+    s.part[t.g][t.p] = make_uint4(cm[0], cm[1], cm[2], cm[3]);
+
+    /* row-wise blocks, stored while the other warps catch up with the barrier */
+    quantize_rows<B, kMx>(a, t, w, rm);
+    __syncthreads();
+
+    /* column-wise blocks: maxima of the chunks g0 .. g0 + kGroup - 1 that share the thread's block */
+    const int g0 = t.g - t.g % kGroup;
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+        const uint4 v = s.part[g0 + j][t.p];
+        cm[0] = vmax2(cm[0], v.x);
+        cm[1] = vmax2(cm[1], v.y);
+        cm[2] = vmax2(cm[2], v.z);
+        cm[3] = vmax2(cm[3], v.w);
+    }
+    const int64_t nbs_t = (a.M + B - 1) / B;                   /* scale columns of qt */
+    const int64_t s0 = t.c * nbs_t + (kMx ? (int64_t)t.tm * (kTile / B) + t.g / kGroup : t.tm);
+    const bool lead = t.g % kGroup == 0 && t.rows > 0;         /* the thread that stores the scale */
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+        const int k = c / 2, h = c % 2;
+        const block_scale b = block_scale_of<kMx>((cm[k] >> (16 * h)) & 0xFFFFu);
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = h ? hi_f(w[i][k]) : lo_f(w[i][k]);
+        const int n = 8 * t.p + c;
+        s.codes_t[n][t.g ^ t.p] = encode8<kMx>(v, b);
+        if (lead && c < t.cols) {
+            if (kMx) static_cast<uint8_t*>(a.scales_t)[s0 + c * nbs_t] = (uint8_t)b.e8;
+            else static_cast<float*>(a.scales_t)[s0 + c * nbs_t] = b.s;
+        }
+    }
+    __syncthreads();
+
+    /* transposed codes: a warp stores 4 rows of qt x 128 bytes, 16 bytes per lane */
+#pragma unroll
+    for (int pass = 0; pass < kTile / 32; ++pass) {
+        const int n = pass * 32 + (int)threadIdx.x / 8, k = (int)threadIdx.x % 8, f = n / 8;
+        uint4 v = *reinterpret_cast<const uint4*>(&s.codes_t[n][2 * (k ^ (f / 2))]);
+        if (f & 1) v = make_uint4(v.z, v.w, v.x, v.y);
+        const int64_t col = t.n0 + n, m = t.m0 + 16 * k;
+        if (col >= a.N || m >= a.M) continue;
+        uint8_t* dst = a.qt + col * a.M + m;
+        if (a.vec_t) {
+            *reinterpret_cast<uint4*>(dst) = v;
+        } else {
+            const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+                if (m + j < a.M) dst[j] = (uint8_t)(words[j / 4] >> (8 * (j % 4)));
+        }
+    }
+}
+
+}  // namespace mok_qtile
+
+#endif /* MOK_CUDA_QUANT_QUANTIZE_BF16_TILE_CUH */

@@ -1,0 +1,226 @@
+/*
+ * A small CPU emulation of the CUDA features that mok's bf16 quantisation tile kernels use, so
+ * their indexing, shuffles, barriers and shared-memory layouts can be tested where there is no GPU
+ * (tests/test_fp8_emu.py). Include it before any kernel header and compile with a host C++
+ * compiler against the CUDA toolkit's headers.
+ *
+ * Every thread of a CTA is a coroutine (ucontext) on one OS thread; CTAs run one after another.
+ * A thread runs until it reaches a warp shuffle or __syncthreads, then yields. A shuffle completes
+ * when all 32 lanes of the warp wait at a shuffle of the same sequence number (a divergent or
+ * partial-warp shuffle is reported as an error, as is a barrier that some thread can never reach),
+ * a barrier when every thread of the CTA waits at it. __shared__ variables are function statics:
+ * shared by the CTA's threads, and left as they were by the previous CTA (like real shared memory,
+ * nothing zeroes them).
+ *
+ * What it does NOT model: the device's arithmetic (the intrinsics below are IEEE host operations
+ * with denormals, which is what the kernels rely on), memory ordering, bank conflicts, timing.
+ */
+#ifndef MOK_TESTS_CUDA_EMU_H
+#define MOK_TESTS_CUDA_EMU_H
+
+#define __shared__ static
+#define __launch_bounds__(...)
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+namespace emu {
+
+inline uint32_t bits_of(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+inline float float_of(uint32_t u) {
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+enum State { kRunnable, kAtShuffle, kAtBarrier, kDone };
+
+struct Thread {
+    ucontext_t ctx;
+    std::vector<char> stack;
+    State state = kRunnable;
+    uint32_t value = 0;   /* what this lane offers to a shuffle */
+    int src = 0;          /* the lane it reads */
+    uint32_t result = 0;  /* what it got */
+    long shuffles = 0;    /* shuffles done: all lanes of one exchange must agree */
+};
+
+struct Cta {
+    std::vector<Thread> threads;
+    ucontext_t scheduler;
+    int current = 0;
+    std::function<void()> body;
+};
+
+inline Cta*& cta() {
+    static Cta* c = nullptr;
+    return c;
+}
+
+}  // namespace emu
+
+/* The built-in variables, set before every resume of a thread. */
+inline uint3 threadIdx, blockIdx;
+inline dim3 blockDim, gridDim;
+
+namespace emu {
+
+inline void resume(int t) {
+    Cta& c = *cta();
+    c.current = t;
+    threadIdx = make_uint3((unsigned)t, 0, 0);
+    swapcontext(&c.scheduler, &c.threads[t].ctx);
+}
+
+inline void yield() {
+    Cta& c = *cta();
+    swapcontext(&c.threads[c.current].ctx, &c.scheduler);
+    threadIdx = make_uint3((unsigned)c.current, 0, 0);
+}
+
+inline void entry() {
+    cta()->body();
+    Cta& c = *cta();
+    c.threads[c.current].state = kDone;
+    swapcontext(&c.threads[c.current].ctx, &c.scheduler);
+}
+
+inline uint32_t shuffle(uint32_t mask, uint32_t v, int src_lane) {
+    if (mask != 0xFFFFFFFFu) throw std::runtime_error("emu: only full-warp shuffles are modelled");
+    Cta& c = *cta();
+    Thread& me = c.threads[c.current];
+    me.value = v;
+    me.src = src_lane & 31;
+    me.state = kAtShuffle;
+    yield();
+    return c.threads[c.current].result;
+}
+
+/* Runs kernel() for every CTA of grid x block threads (1-D). Throws on a divergent shuffle or a
+ * barrier that cannot complete. */
+inline void launch(unsigned grid, unsigned block, const std::function<void()>& kernel) {
+    if (block % 32 != 0) throw std::runtime_error("emu: the block must be whole warps");
+    /* NOTE: one CTA object (and its coroutine stacks) for every launch: allocating the stacks
+     * anew each time costs more than the emulation itself. */
+    static Cta c;
+    c.body = kernel;
+    if (c.threads.size() != block) c.threads.resize(block);
+    for (auto& t : c.threads)
+        if (t.stack.empty()) t.stack.resize(64 << 10);
+    cta() = &c;
+    gridDim = dim3(grid, 1, 1);
+    blockDim = dim3(block, 1, 1);
+    for (unsigned b = 0; b < grid; ++b) {
+        blockIdx = make_uint3(b, 0, 0);
+        for (auto& t : c.threads) {
+            getcontext(&t.ctx);
+            t.ctx.uc_stack.ss_sp = t.stack.data();
+            t.ctx.uc_stack.ss_size = t.stack.size();
+            t.ctx.uc_link = nullptr;
+            makecontext(&t.ctx, entry, 0);
+            t.state = kRunnable;
+            t.shuffles = 0;
+        }
+        for (;;) {
+            for (unsigned t = 0; t < block; ++t)
+                while (c.threads[t].state == kRunnable) resume((int)t);
+            bool all_done = true, moved = false;
+            for (unsigned w = 0; w < block / 32; ++w) {
+                Thread* lanes = &c.threads[32 * w];
+                int waiting = 0;
+                for (int l = 0; l < 32; ++l) waiting += lanes[l].state == kAtShuffle;
+                if (waiting == 0) continue;
+                if (waiting != 32) throw std::runtime_error("emu: shuffle with lanes missing (divergent or exited)");
+                for (int l = 0; l < 32; ++l)
+                    if (lanes[l].shuffles != lanes[0].shuffles)
+                        throw std::runtime_error("emu: lanes of a warp are at different shuffles");
+                for (int l = 0; l < 32; ++l) lanes[l].result = lanes[lanes[l].src].value;
+                for (int l = 0; l < 32; ++l) {
+                    lanes[l].state = kRunnable;
+                    lanes[l].shuffles++;
+                }
+                moved = true;
+            }
+            int at_barrier = 0, done = 0;
+            for (auto& t : c.threads) {
+                at_barrier += t.state == kAtBarrier;
+                done += t.state == kDone;
+                all_done = all_done && t.state == kDone;
+            }
+            if (all_done) break;
+            if (at_barrier > 0 && at_barrier + done == (int)block && !moved) {
+                if (done > 0) throw std::runtime_error("emu: __syncthreads after some threads exited");
+                for (auto& t : c.threads) t.state = kRunnable;
+                moved = true;
+            }
+            if (!moved) throw std::runtime_error("emu: deadlock (a barrier or shuffle can never complete)");
+        }
+    }
+    cta() = nullptr;
+}
+
+}  // namespace emu
+
+/* ---- the device intrinsics the kernels use, as host functions ---- */
+
+inline void __syncthreads() {
+    emu::Cta& c = *emu::cta();
+    c.threads[c.current].state = emu::kAtBarrier;
+    emu::yield();
+}
+
+inline unsigned __shfl_xor_sync(unsigned mask, unsigned v, int lane_mask) {
+    return emu::shuffle(mask, v, (int)(threadIdx.x % 32) ^ lane_mask);
+}
+inline int __shfl_xor_sync(unsigned mask, int v, int lane_mask) {
+    return (int)emu::shuffle(mask, (uint32_t)v, (int)(threadIdx.x % 32) ^ lane_mask);
+}
+inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
+    return emu::float_of(emu::shuffle(mask, emu::bits_of(v), (int)(threadIdx.x % 32) ^ lane_mask));
+}
+
+inline uint4 __ldg(const uint4* p) { return *p; }
+
+inline unsigned __vmaxu2(unsigned a, unsigned b) {
+    const unsigned lo = std::max(a & 0xFFFFu, b & 0xFFFFu), hi = std::max(a >> 16, b >> 16);
+    return lo | (hi << 16);
+}
+
+/* PTX prmt (default mode): bytes of {b, a} indexed by the selector's four low nibbles. */
+inline unsigned __byte_perm(unsigned a, unsigned b, unsigned s) {
+    const uint64_t v = ((uint64_t)b << 32) | a;
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+    return r;
+}
+
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
+inline float __uint_as_float(unsigned u) { return emu::float_of(u); }
+inline float __int_as_float(int u) { return emu::float_of((uint32_t)u); }
+inline unsigned __float_as_uint(float x) { return emu::bits_of(x); }
+
+/* IEEE single operations, each rounded once (the file is compiled with -ffp-contract=off). */
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+inline float __frcp_rn(float a) { return 1.0f / a; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+
+#endif /* MOK_TESTS_CUDA_EMU_H */
