@@ -145,11 +145,14 @@ struct ring_pos {
     }
 };
 
-/* MOK_SM90_FP8_OVERLAP (default 1): two partial accumulators, so the K-block kb + 1 runs on the
- * tensor cores while kb is promoted on the CUDA cores (wait_group 1 instead of 0). 0: one partial
- * accumulator, promotion after each K-block's wgmma has drained (v1; kept for A/B runs). */
+/* MOK_SM90_FP8_OVERLAP=1: two partial accumulators, so that K-block kb + 1 runs on the tensor
+ * cores while kb is promoted on the CUDA cores (wait_group 1 instead of 0). Default 0: one partial
+ * accumulator, promotion after each K-block's wgmma has drained. Measured on the H200 (DeepSeek-V3
+ * GEMM1): 914 TFLOP/s with the overlap against 974 without; the two consumer warpgroups already
+ * overlap each other's promotion, and the 128 x 128 tile's operand traffic from L2 (32 KiB per
+ * 4.2 MFLOP, about 7.5 TB/s at this rate) is the likelier limit (docs/performance-log.md, v15). */
 #ifndef MOK_SM90_FP8_OVERLAP
-#define MOK_SM90_FP8_OVERLAP 1
+#define MOK_SM90_FP8_OVERLAP 0
 #endif
 
 __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used,
