@@ -6,7 +6,7 @@
     mok.swap_moe(hf_model)                     # put mok under a transformers v5 MoE model
 """
 from . import _ops  # noqa: F401  (loads the library, registers fakes and autograd)
-from . import fp8, functional, reference
+from . import fp8, fp8_gemm, functional, reference
 from ._errors import check_errors
 from ._lib import has_cuda_kernels
 from .layers import MoE, GroupedExperts, SharedExpertMLP, TopKRouter
@@ -24,6 +24,7 @@ __all__ = [
     "swap_moe",
     "functional",
     "fp8",
+    "fp8_gemm",
     "reference",
     "check_errors",
     "has_cuda_kernels",

@@ -1,10 +1,12 @@
 """Fake (meta) kernels and autograd formulas of the torch.ops.mok operators.
 
-The schemas and the CPU/CUDA kernels live in csrc/torch/ops.cpp. Every operator that takes part in
-a forward pass has an autograd formula written with other mok operators, so a whole training step
-is a graph of mok kernels with no host synchronisation. The backward-only operators
-(route_topk_backward, combine_weight_grad, swiglu_backward, gather_rows, grouped_mm_wgrad) and the
-integer plan have no autograd formula.
+The schemas and the CPU/CUDA kernels live in csrc/torch/ops.cpp (FP8: quant_ops.cpp,
+fp8_gemm_ops.cpp). Every operator that takes part in a forward pass has an autograd formula written
+with other mok operators, so a whole training step is a graph of mok kernels with no host
+synchronisation. The backward-only operators (route_topk_backward, combine_weight_grad,
+swiglu_backward, gather_rows, grouped_mm_wgrad) and the integer plan have no autograd formula; nor
+do the FP8 operators (quantize_fp8, dequantize_fp8, and grouped_mm_fp8, which is forward-only until
+the FP8 recipe of the layer supplies its backward GEMMs).
 """
 import torch
 
@@ -124,6 +126,11 @@ def _quantize_fp8_fake(x, recipe):
 @torch.library.register_fake("mok::dequantize_fp8")
 def _dequantize_fp8_fake(q, scales, recipe):
     return q.new_empty(q.shape, dtype=torch.float32)
+
+
+@torch.library.register_fake("mok::grouped_mm_fp8")
+def _grouped_mm_fp8_fake(a, a_scales, b, b_scales, offsets):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.bfloat16)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -259,5 +266,6 @@ ALL_OPS = (
     "grouped_mm_wgrad",
     "quantize_fp8",
     "dequantize_fp8",
+    "grouped_mm_fp8",
     "device_errors",
 )

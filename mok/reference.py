@@ -265,3 +265,23 @@ def dequantize_fp8(q, scales, recipe):
     if recipe == "blockwise_128x128":
         s = s.repeat_interleave(128, dim=0)[:M]
     return v * s
+
+
+def grouped_mm_fp8_blockwise(a_q, a_scales, b_q, b_scales, offsets):
+    """The FP8 blockwise grouped GEMM (mok.fp8_gemm.grouped_mm_blockwise) in float64 on the CPU:
+    a = dequantize(a_q, a_scales) ("blockwise_1x128"), b[e] = dequantize(b_q[e], b_scales[e])
+    ("blockwise_128x128"), both exact in float64; rows [offsets[e], offsets[e+1]) are a @ b[e]^T,
+    other rows 0. Returns float64 [R, N] (the op rounds this to bf16)."""
+    a_q, a_scales, b_q, b_scales = (t.detach().cpu() for t in (a_q, a_scales, b_q, b_scales))
+    # float64 scales make the products e4m3 * scale exact (float32 would round them).
+    A = dequantize_fp8(a_q, a_scales.double(), "blockwise_1x128")
+    E, N, _ = b_q.shape
+    R = A.shape[0]
+    out = torch.zeros(R, N, dtype=torch.float64)
+    off = offsets.long().tolist()
+    for e in range(E):
+        lo, hi = off[e], min(off[e + 1], R)
+        if hi > lo:
+            B = dequantize_fp8(b_q[e], b_scales[e].double(), "blockwise_128x128")
+            out[lo:hi] = A[lo:hi] @ B.t()
+    return out

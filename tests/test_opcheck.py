@@ -41,7 +41,21 @@ def op_cases(device):
                          for r in ("blockwise_1x128", "blockwise_128x128", "mxfp8")],
         "dequantize_fp8": [(*ops.quantize_fp8(torch.randn(5, 200, device=device), r), r)
                            for r in ("blockwise_1x128", "blockwise_128x128", "mxfp8")],
+        "grouped_mm_fp8": [fp8_gemm_case(device)],
     }
+
+
+def fp8_gemm_case(device):
+    # 128-row plan tiles (the CUDA kernel needs them), K and N multiples of 128; more ragged cases
+    # in tests/test_fp8_gemm.py.
+    case = MoECase(13, 256, 128, 4, 2, "empty_expert")
+    idx = make_moe_inputs(case, torch.float32, device)[1]
+    plan = mok.functional.moe_plan(idx, case.E, tile=128)
+    a = torch.randn(plan.src_of_row.shape[0], case.I, device=device)
+    b = torch.randn(case.E, case.H, case.I, device=device)
+    a_q, a_s = mok.fp8.quantize(a, "blockwise_1x128")
+    b_q, b_s = mok.fp8_gemm.quantize_weight_blockwise(b)
+    return a_q, a_s, b_q, b_s, plan.offsets
 
 
 def test_every_op_has_a_case():
@@ -56,7 +70,7 @@ def test_every_op_has_a_case():
 def test_opcheck(device, name):
     # NOTE: opcheck's schema test does arithmetic on the inputs, which float8 tensors do not support.
     utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    kw = {"test_utils": utils} if name == "dequantize_fp8" else {}
+    kw = {"test_utils": utils} if name in ("dequantize_fp8", "grouped_mm_fp8") else {}
     for args in op_cases(device)[name]:
         torch.library.opcheck(getattr(ops, name).default, args, **kw)
 

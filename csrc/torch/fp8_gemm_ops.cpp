@@ -1,0 +1,145 @@
+// FP8 blockwise grouped GEMM op (forward only; the recipe in the MoE layer is not wired yet):
+//
+//   grouped_mm_fp8(a [R, K] e4m3, a_scales [R, K/128] f32, b [E, N, K] e4m3,
+//                  b_scales [E, N/128, K/128] f32, offsets [E + 1] i32) -> out [R, N] bf16
+//
+//   out[r, n] = sum_kb a_scales[r, kb] * b_scales[e, n / 128, kb] * sum_{k in block kb} a[r, k] b[e, n, k]
+//
+// for offsets[e] <= r < offsets[e + 1]; rows outside [offsets[0], offsets[E]) are 0. The operands are
+// what mok.fp8.quantize gives ("blockwise_1x128" for a, "blockwise_128x128" for b viewed as
+// [E * N, K]). CPU: the C core (mok_grouped_gemm_fp8_blockwise, exact block sums in double). CUDA: the
+// sm_90a kernel of csrc/cuda/grouped_gemm_fp8_sm90.cu (fp32 promotion every 128 of K), which also
+// needs 128-aligned offsets: a misaligned one is reported through the device error word
+// (mok.check_errors raises), since checking it here would synchronise with the GPU.
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+
+#ifdef MOK_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "../cuda/mok_fp8_gemm_cuda.h"
+#include "backend.h"
+#endif
+
+#include "checks.h"
+
+namespace mok {
+namespace {
+
+constexpr int64_t kBlock = 128;  // the FP8 scale block (1x128 for a, 128x128 for b)
+
+void check_fp8_operand(const at::Tensor& t, int64_t dim, const char* op, const char* name, const char* layout) {
+    check_dim(t, dim, op, name, layout);
+    check_dtype(t, at::kFloat8_e4m3fn, op, name);
+    check_contiguous(t, op, name);
+}
+
+void check_scales(const at::Tensor& s, const at::Tensor& ref, at::IntArrayRef want, const char* op, const char* name,
+                  const char* layout, const char* recipe) {
+    check_dim(s, static_cast<int64_t>(want.size()), op, name, layout);
+    check_dtype(s, at::kFloat, op, name);
+    check_contiguous(s, op, name);
+    check_same_device(s, ref, op, name, "a");
+    TORCH_CHECK_VALUE(s.sizes() == want, op, ": ", name, " must have shape ", layout, " = ", want, " (mok.fp8.quantize '",
+                      recipe, "'), got ", shape_str(s));
+}
+
+#ifdef MOK_WITH_CUDA
+void check_aligned(const at::Tensor& t, const char* op, const char* name) {
+    TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, ": ", name,
+                      " must be 16-byte aligned on CUDA (the kernel reads it with TMA / 16-byte copies), got address ",
+                      t.data_ptr(), "; pass a fresh tensor or .clone() it");
+}
+
+void grouped_mm_fp8_cuda(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
+                         const at::Tensor& b_scales, const at::Tensor& offsets, at::Tensor& out, const char* op) {
+    check_aligned(a, op, "a");
+    check_aligned(a_scales, op, "a_scales");
+    check_aligned(b, op, "b");
+    check_aligned(b_scales, op, "b_scales");
+    c10::cuda::CUDAGuard guard(a.device());
+    mok_grouped_gemm_fp8_args g{};
+    g.a = a.data_ptr();
+    g.sa = a_scales.data_ptr<float>();
+    g.b = b.data_ptr();
+    g.sb = b_scales.data_ptr<float>();
+    g.offsets = offsets.data_ptr<int32_t>();
+    g.R = out.size(0);
+    g.E = b.size(0);
+    g.N = out.size(1);
+    g.K = a.size(1);
+    g.out = out.data_ptr();
+    g.error_flag = cuda::device_error_word();
+    g.num_sms = at::cuda::getDeviceProperties(a.device().index())->multiProcessorCount;
+    TORCH_CHECK_NOT_IMPLEMENTED(mok_grouped_gemm_fp8_supported(&g), op,
+                                ": the CUDA kernel needs a Hopper (sm_90) GPU (and MOK_DISABLE_SM90 unset); "
+                                "there is no other CUDA path yet, use the CPU op");
+    check_status(mok_grouped_gemm_fp8_cuda(&g, at::cuda::getCurrentCUDAStream(a.device().index()).stream()), op);
+}
+#endif
+
+at::Tensor grouped_mm_fp8(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
+                          const at::Tensor& b_scales, const at::Tensor& offsets) {
+    const char* op = "mok.grouped_mm_fp8";
+    check_fp8_operand(a, 2, op, "a", "[R, K]");
+    check_fp8_operand(b, 3, op, "b", "[E, N, K]");
+    check_same_device(b, a, op, "b", "a");
+    const int64_t R = a.size(0), K = a.size(1), E = b.size(0), N = b.size(1);
+    check_size(b, 2, K, op, "b", "K, the columns of a");
+    TORCH_CHECK_VALUE(K % kBlock == 0, op, ": K (a.shape[1]) must be a multiple of 128 (the FP8 scale block), got ", K);
+    TORCH_CHECK_VALUE(N % kBlock == 0, op, ": N (b.shape[1]) must be a multiple of 128 (the FP8 scale block), got ", N);
+    check_scales(a_scales, a, {R, K / kBlock}, op, "a_scales", "[R, K / 128]", "blockwise_1x128");
+    check_scales(b_scales, a, {E, N / kBlock, K / kBlock}, op, "b_scales", "[E, N / 128, K / 128]",
+                 "blockwise_128x128 of b viewed as [E * N, K]");
+    check_index(offsets, a, op, "offsets");
+    check_dim(offsets, 1, op, "offsets", "[E + 1]");
+    check_size(offsets, 0, E + 1, op, "offsets", "number of experts + 1");
+
+    // The kernels write every row (zeros outside the experts).
+    auto out = at::empty({R, N}, a.options().dtype(at::kBFloat16));
+    if (out.numel() == 0) return out;
+    if (K == 0 || E == 0) return out.zero_();
+#ifdef MOK_WITH_CUDA
+    if (a.is_cuda()) {
+        grouped_mm_fp8_cuda(a, a_scales, b, b_scales, offsets, out, op);
+        return out;
+    }
+#endif
+    const auto* ap = static_cast<const uint8_t*>(a.data_ptr());
+    const auto* bp = static_cast<const uint8_t*>(b.data_ptr());
+    const float* sap = a_scales.data_ptr<float>();
+    const float* sbp = b_scales.data_ptr<float>();
+    const int32_t* offp = offsets.data_ptr<int32_t>();
+    auto* outp = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+    // The offsets are on the host here, so their values can be checked for free (the core would only
+    // say "invalid argument").
+    for (int64_t e = 0; e <= E; ++e) {
+        const int32_t prev = e ? offp[e - 1] : 0;
+        TORCH_CHECK_VALUE(offp[e] >= prev, op, ": offsets must be non-negative and non-decreasing (a plan's expert ",
+                          "row offsets), got offsets[", e, "] = ", offp[e], e ? " after " : "", e ? std::to_string(prev) : "");
+    }
+    // Rows are independent and each element's arithmetic does not depend on the split: the result is
+    // the same for any thread count. About 1M multiply-adds per task.
+    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, N * K));
+    at::parallel_for(0, R, grain, [&](int64_t r0, int64_t r1) {
+        check_status(mok_grouped_gemm_fp8_blockwise(ap, sap, bp, sbp, offp, E, N, K, r0, r1, outp), op);
+    });
+    return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(mok, m) {
+    m.def("grouped_mm_fp8(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, Tensor offsets) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(mok, CPU, m) { m.impl("grouped_mm_fp8", &grouped_mm_fp8); }
+
+#ifdef MOK_WITH_CUDA
+TORCH_LIBRARY_IMPL(mok, CUDA, m) { m.impl("grouped_mm_fp8", &grouped_mm_fp8); }
+#endif
+
+}  // namespace mok

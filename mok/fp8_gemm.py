@@ -1,0 +1,66 @@
+"""FP8 blockwise grouped GEMM (DeepSeek-V3's recipe), forward only: the op exists on the CPU (the C
+core) and on CUDA (the sm_90a kernel); the FP8 recipe of the MoE layer (quantisation in the data
+path, backward GEMMs) is not wired yet.
+
+    a_q, a_scales = mok.fp8.quantize(rows, "blockwise_1x128")          # rows [R, K]
+    b_q, b_scales = mok.fp8_gemm.quantize_weight_blockwise(w)         # w [E, N, K]
+    plan = mok.functional.moe_plan(topk_idx, E)                       # 128-aligned on CUDA
+    out = mok.fp8_gemm.grouped_mm_blockwise(a_q, a_scales, b_q, b_scales, plan.offsets)   # [R, N] bf16
+"""
+import torch
+
+from . import fp8
+from ._ops import ops
+
+BLOCK = 128  # the FP8 scale block: 1x128 for activations, 128x128 for weights
+
+
+def grouped_mm_blockwise(a_q, a_scales, b_q, b_scales, offsets):
+    """Grouped GEMM "NT" on FP8 E4M3 operands with fp32 block scales, bf16 output.
+
+    Layouts (all contiguous, on one device):
+      a_q       [R, K]               float8_e4m3fn  rows in expert order (the plan's row space)
+      a_scales  [R, K/128]           float32        one scale per 1x128 block of a row
+      b_q       [E, N, K]            float8_e4m3fn  per-expert weights, nn.Linear layout (K contiguous)
+      b_scales  [E, N/128, K/128]    float32        one scale per 128x128 tile of an expert
+      offsets   [E + 1]              int32          expert e owns rows [offsets[e], offsets[e+1])
+    K and N must be multiples of 128.
+
+    For offsets[e] <= r < offsets[e+1]:
+      out[r, n] = sum_kb a_scales[r, kb] * b_scales[e, n // 128, kb]
+                         * sum_{k in block kb} a_q[r, k] * b_q[e, n, k]
+    returned as bf16 [R, N]; rows before offsets[0] or at/after offsets[E] are 0. That is
+    (dequantize(a) @ dequantize(b[e]).T) for each expert's rows (mok.reference.grouped_mm_fp8_blockwise).
+
+    Operands: a_q, a_scales = mok.fp8.quantize(a, "blockwise_1x128"); b_q, b_scales =
+    quantize_weight_blockwise(b) (mok.fp8.quantize of b viewed as [E*N, K] with "blockwise_128x128").
+
+    Numerics: CPU (C core) sums each 128-block exactly in double, scales and adds the blocks in
+    double and rounds once to bf16. CUDA (Hopper, sm_90a) accumulates each block in fp32 on the
+    tensor cores and promotes it, scaled, to an fp32 accumulator (DeepGEMM's scheme).
+
+    CUDA requirements: a Hopper GPU (otherwise NotImplementedError), 16-byte aligned tensors, and
+    every offsets[e] a multiple of 128, which the plans of mok.functional.moe_plan on CUDA are (tile
+    128). A misaligned offset is not checked on the host (that would synchronise with the GPU): the
+    kernel computes nothing and the next mok.check_errors() raises ValueError.
+
+    Forward only: there is no autograd formula (gradients do not flow through this op)."""
+    return ops.grouped_mm_fp8(a_q, a_scales, b_q, b_scales, offsets)
+
+
+def quantize_weight_blockwise(w):
+    """w [E, N, K] (bf16, fp16, fp32, fp64) -> (q [E, N, K] float8_e4m3fn, scales [E, N/128, ceil(K/128)]
+    float32): 128x128 blockwise quantisation of each expert (mok.fp8.quantize of w viewed as
+    [E * N, K] with "blockwise_128x128"). N must be a multiple of 128 so that no tile spans two
+    experts; grouped_mm_blockwise also needs K to be one."""
+    if not isinstance(w, torch.Tensor) or w.dim() != 3:
+        got = f"shape {tuple(w.shape)}" if isinstance(w, torch.Tensor) else type(w).__name__
+        raise ValueError(f"mok.fp8_gemm.quantize_weight_blockwise: w must be a 3-D tensor [E, N, K], got {got}")
+    E, N, K = w.shape
+    if N % BLOCK:
+        raise ValueError(
+            f"mok.fp8_gemm.quantize_weight_blockwise: N (w.shape[1]) must be a multiple of {BLOCK} so that "
+            f"128x128 tiles stay within one expert, got {N}"
+        )
+    q, scales = fp8.quantize(w.reshape(E * N, K), "blockwise_128x128")
+    return q.view(E, N, K), scales.view(E, N // BLOCK, scales.shape[1])

@@ -1,0 +1,315 @@
+"""FP8 blockwise grouped GEMM (mok.fp8_gemm, op mok::grouped_mm_fp8): the CPU op (the C core) and the
+CUDA kernel against the float64 reference on the same quantised operands, the CPU op bit-exact with
+the core's documented arithmetic, ragged plans, rows outside the experts, argument errors, opcheck,
+torch.compile. Operands are random bf16 tensors quantised with mok.fp8 (realistic scales); plans
+come from mok.functional.moe_plan with 128-row tiles on both devices (the CUDA kernel needs them)."""
+import pytest
+import torch
+
+import mok
+from conftest import DEVICES
+from mok import reference
+from mok._ops import ops
+from shapes import make_routing, rel_err
+
+# ||out - ref|| / ||ref|| against the float64 reference. The reference is exact math on the same
+# quantised operands, so quantisation error is not measured here; what is left is the op's own
+# rounding. CPU: exact block sums, double accumulation, then one bf16 rounding: every element is
+# within 2^-8 (3.9e-3) of the reference, relatively (typically ~1.5e-3 in the norm). CUDA adds the
+# fp32 accumulation of each 128-block on the tensor cores and the fp32 promotion (~1e-6 relative).
+# A wrong scale, block or expert gives errors of order 1.
+TOL = 4e-3
+
+# (T, top_k, E, N, K, routing)
+CASES = [
+    pytest.param(50, 2, 4, 256, 384, "random", id="balanced"),
+    pytest.param(37, 2, 6, 128, 128, "empty_expert", id="empty-expert-N128-K128"),
+    pytest.param(53, 1, 5, 384, 640, "one_expert", id="one-expert-takes-all-N384-K640"),
+    pytest.param(1, 2, 4, 128, 256, "random", id="T1"),
+    pytest.param(40, 1, 3, 640, 128, "random", id="topk1-N640"),
+    pytest.param(0, 2, 4, 128, 128, "random", id="T0"),
+    pytest.param(150, 4, 16, 256, 256, "zipf", id="zipf-many-tiles"),
+]
+
+
+def make_operands(T, top_k, E, N, K, routing, device):
+    """(a_q, a_scales, b_q, b_scales, plan): bf16 rows [R, K] of varied magnitudes (R = the plan's
+    capacity; rows past offsets[E] hold data too, which must not show) and weights [E, N, K]."""
+    idx = make_routing(T, top_k, E, routing).to(device)
+    plan = mok.functional.moe_plan(idx, E, tile=128)
+    R = plan.src_of_row.shape[0]
+    a = torch.randn(R, K, device=device) * torch.exp(torch.randn(R, 1, device=device))
+    a = a * torch.exp(torch.randn(1, K // 128, device=device)).repeat_interleave(128, dim=1)  # per-block scales
+    w = torch.randn(E, N, K, device=device) * torch.exp(torch.randn(E, 1, 1, device=device)) / K**0.5
+    a_q, a_s = mok.fp8.quantize(a.bfloat16(), "blockwise_1x128")
+    b_q, b_s = mok.fp8_gemm.quantize_weight_blockwise(w.bfloat16())
+    return a_q, a_s, b_q, b_s, plan
+
+
+def poison(device, like_numel):
+    # On CUDA the caching allocator hands the NaN block back to the op's output: a row the kernel
+    # forgot stays NaN (on the CPU this is only a best effort).
+    junk = torch.full((max(like_numel, 1) + 4096,), float("nan"), device=device, dtype=torch.bfloat16)
+    del junk
+
+
+def run_op(a_q, a_s, b_q, b_s, offsets):
+    poison(a_q.device, a_q.shape[0] * b_q.shape[1])
+    out = mok.fp8_gemm.grouped_mm_blockwise(a_q, a_s, b_q, b_s, offsets)
+    mok.check_errors(synchronize=True)
+    return out
+
+
+def core_formula(a_q, a_s, b_q, b_s, offsets):
+    """mok_core.h's arithmetic in torch: each 128-block's sum of products exactly (float64; every
+    partial sum is exact, so the matmul's order does not matter), times (double)sa * (double)sb,
+    blocks added in increasing order in float64, then float64 -> float32 -> bf16."""
+    R, K = a_q.shape
+    E, N, _ = b_q.shape
+    A = a_q.float().double()
+    out = torch.zeros(R, N, dtype=torch.float64)
+    off = offsets.long().tolist()
+    for e in range(E):
+        lo, hi = off[e], min(off[e + 1], R)
+        if hi <= lo:
+            continue
+        B = b_q[e].float().double()
+        acc = torch.zeros(hi - lo, N, dtype=torch.float64)
+        for kb in range(K // 128):
+            blk = slice(kb * 128, kb * 128 + 128)
+            s = A[lo:hi, blk] @ B[:, blk].t()
+            scale = a_s[lo:hi, kb].double()[:, None] * b_s[e, :, kb].double().repeat_interleave(128)[None, :]
+            acc = acc + s * scale
+        out[lo:hi] = acc
+    return out.float().bfloat16()
+
+
+def outside_rows(offsets, R):
+    off = offsets.long().cpu()
+    r = torch.arange(R)
+    return (r < off[0]) | (r >= off[-1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T,top_k,E,N,K,routing", CASES)
+def test_matches_reference(device, T, top_k, E, N, K, routing, _fresh_seed):
+    a_q, a_s, b_q, b_s, plan = make_operands(T, top_k, E, N, K, routing, device)
+    R = a_q.shape[0]
+    out = run_op(a_q, a_s, b_q, b_s, plan.offsets)
+    assert out.dtype == torch.bfloat16 and out.shape == (R, N) and out.device == a_q.device
+    ref = reference.grouped_mm_fp8_blockwise(a_q, a_s, b_q, b_s, plan.offsets)
+    err = rel_err(out, ref)
+    assert err < TOL, f"seed {_fresh_seed}: rel. error {err:.3e} >= {TOL}"
+    out_c = out.cpu()
+    assert torch.isfinite(out_c).all(), f"seed {_fresh_seed}: rows left unwritten (NaN poison) or overflow"
+    outside = outside_rows(plan.offsets, R)
+    assert torch.equal(out_c[outside].view(torch.int16), torch.zeros_like(out_c[outside].view(torch.int16))), \
+        "rows outside [offsets[0], offsets[E]) must be +0"
+    if routing == "empty_expert" and T > 0:
+        counts = plan.counts.cpu()
+        assert (counts == 0).any(), "the case must hold an expert with no tokens"
+    if routing == "one_expert" and T > 0:
+        assert int(plan.counts.cpu()[2]) == T * top_k, "every pair must go to expert 2"
+    # Deterministic: a second run is bitwise equal.
+    again = run_op(a_q, a_s, b_q, b_s, plan.offsets)
+    assert torch.equal(out.view(torch.int16), again.view(torch.int16)), "two runs differ"
+
+
+@pytest.mark.parametrize("T,top_k,E,N,K,routing", CASES)
+def test_cpu_is_the_core_formula_bit_exact(T, top_k, E, N, K, routing, _fresh_seed):
+    a_q, a_s, b_q, b_s, plan = make_operands(T, top_k, E, N, K, routing, "cpu")
+    out = mok.fp8_gemm.grouped_mm_blockwise(a_q, a_s, b_q, b_s, plan.offsets)
+    want = core_formula(a_q, a_s, b_q, b_s, plan.offsets)
+    diff = (out.view(torch.int16) != want.view(torch.int16)).sum().item()
+    assert diff == 0, f"seed {_fresh_seed}: {diff} elements differ from the core's documented arithmetic"
+    # Per element: one bf16 rounding of (almost) the exact value.
+    ref = reference.grouped_mm_fp8_blockwise(a_q, a_s, b_q, b_s, plan.offsets)
+    assert ((out.double() - ref).abs() <= ref.abs() * 2**-8 + 1e-30).all()
+
+
+def test_cpu_result_does_not_depend_on_thread_count():
+    a_q, a_s, b_q, b_s, plan = make_operands(300, 2, 8, 256, 256, "zipf", "cpu")
+    out = mok.fp8_gemm.grouped_mm_blockwise(a_q, a_s, b_q, b_s, plan.offsets)
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = mok.fp8_gemm.grouped_mm_blockwise(a_q, a_s, b_q, b_s, plan.offsets)
+    finally:
+        torch.set_num_threads(n)
+    assert torch.equal(out.view(torch.int16), one.view(torch.int16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rows_outside_offsets_are_zero(device, _fresh_seed):
+    # Experts cover rows [128, 384) only (expert 1 is empty); rows 0-127 and 384-511 hold data
+    # that must not show.
+    E, N, K, R = 3, 256, 256, 512
+    a = torch.randn(R, K, device=device).bfloat16()
+    w = torch.randn(E, N, K, device=device).bfloat16()
+    a_q, a_s = mok.fp8.quantize(a, "blockwise_1x128")
+    b_q, b_s = mok.fp8_gemm.quantize_weight_blockwise(w)
+    offsets = torch.tensor([128, 256, 256, 384], dtype=torch.int32, device=device)
+    out = run_op(a_q, a_s, b_q, b_s, offsets).cpu()
+    assert (out[:128] == 0).all() and (out[384:] == 0).all()
+    assert (out[128:384] != 0).float().mean() > 0.99
+    ref = reference.grouped_mm_fp8_blockwise(a_q, a_s, b_q, b_s, offsets)
+    assert rel_err(out, ref) < TOL, f"seed {_fresh_seed}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nan_passes_through(device):
+    E, N, K = 2, 128, 256
+    a = torch.randn(256, K, device=device)
+    a[5, 130] = float("nan")  # row 5 (expert 0), second K block
+    a_q, a_s = mok.fp8.quantize(a.bfloat16(), "blockwise_1x128")
+    b_q, b_s = mok.fp8_gemm.quantize_weight_blockwise(torch.randn(E, N, K, device=device).bfloat16())
+    offsets = torch.tensor([0, 128, 256], dtype=torch.int32, device=device)
+    out = run_op(a_q, a_s, b_q, b_s, offsets).cpu()
+    assert torch.isnan(out[5]).all()
+    rest = torch.cat([out[:5], out[6:]])
+    assert torch.isfinite(rest).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_degenerate_sizes(device):
+    f8 = torch.float8_e4m3fn
+    z = lambda *s, dt=f8: torch.zeros(*s, device=device, dtype=dt)  # noqa: E731
+    # No experts: every row is outside.
+    out = run_op(z(4, 128), z(4, 1, dt=torch.float32), z(0, 128, 128), z(0, 1, 1, dt=torch.float32),
+                 torch.zeros(1, dtype=torch.int32, device=device))
+    assert out.shape == (4, 128) and (out == 0).all()
+    # K = 0: expert rows are empty sums.
+    out = run_op(z(4, 0), z(4, 0, dt=torch.float32), z(2, 128, 0), z(2, 1, 0, dt=torch.float32),
+                 torch.tensor([0, 2, 4], dtype=torch.int32, device=device))
+    assert out.shape == (4, 128) and (out == 0).all()
+    # N = 0.
+    out = run_op(z(4, 128), z(4, 1, dt=torch.float32), z(2, 0, 128), z(2, 0, 1, dt=torch.float32),
+                 torch.tensor([0, 2, 4], dtype=torch.int32, device=device))
+    assert out.shape == (4, 0)
+
+
+@pytest.mark.gpu
+def test_cuda_matches_cpu_op(_fresh_seed):
+    a_q, a_s, b_q, b_s, plan = make_operands(200, 2, 8, 384, 512, "zipf", "cuda")
+    out = run_op(a_q, a_s, b_q, b_s, plan.offsets)
+    cpu = mok.fp8_gemm.grouped_mm_blockwise(a_q.cpu(), a_s.cpu(), b_q.cpu(), b_s.cpu(), plan.offsets.cpu())
+    assert rel_err(out, cpu) < TOL, f"seed {_fresh_seed}"
+
+
+@pytest.mark.gpu
+def test_cuda_misaligned_offsets_raise():
+    mok.check_errors(synchronize=True)  # nothing stale
+    a_q, a_s = mok.fp8.quantize(torch.randn(256, 128, device="cuda"), "blockwise_1x128")
+    b_q, b_s = mok.fp8_gemm.quantize_weight_blockwise(torch.randn(2, 128, 128, device="cuda"))
+    offsets = torch.tensor([0, 100, 256], dtype=torch.int32, device="cuda")
+    mok.fp8_gemm.grouped_mm_blockwise(a_q, a_s, b_q, b_s, offsets)  # no host check: no sync
+    with pytest.raises(ValueError, match="not multiples of 128"):
+        mok.check_errors(synchronize=True)
+    mok.check_errors(synchronize=True)  # the error was cleared
+
+
+# ---------------------------------------------------------------- argument errors
+
+
+def good_args(E=2, N=256, K=256, R=256):
+    a_q, a_s = mok.fp8.quantize(torch.randn(R, K), "blockwise_1x128")
+    b_q, b_s = mok.fp8_gemm.quantize_weight_blockwise(torch.randn(E, N, K))
+    offsets = torch.tensor([0, 128, 256], dtype=torch.int32)
+    return [a_q, a_s, b_q, b_s, offsets]
+
+
+def with_arg(i, value):
+    args = good_args()
+    args[i] = value
+    return args
+
+
+BAD = [
+    pytest.param(with_arg(0, torch.randn(256, 256).bfloat16()), r"a must be Float8_e4m3fn, got BFloat16", id="a-dtype"),
+    pytest.param(with_arg(0, torch.zeros(256, 256, 2, dtype=torch.float8_e4m3fn)), r"a must be 2-D \[R, K\]",
+                 id="a-dim"),
+    pytest.param(with_arg(0, torch.zeros(256, 256, dtype=torch.float8_e4m3fn).t()), r"a must be contiguous",
+                 id="a-strides"),
+    pytest.param(with_arg(1, torch.ones(256, 3)), r"a_scales must have shape \[R, K / 128\] = \[256, 2\]",
+                 id="a_scales-shape"),
+    pytest.param(with_arg(1, torch.ones(256, 2, dtype=torch.float64)), r"a_scales must be Float, got Double",
+                 id="a_scales-dtype"),
+    pytest.param(with_arg(2, torch.zeros(2, 256, 256).bfloat16()), r"b must be Float8_e4m3fn", id="b-dtype"),
+    pytest.param(with_arg(2, torch.zeros(512, 256, dtype=torch.float8_e4m3fn)), r"b must be 3-D \[E, N, K\]",
+                 id="b-dim"),
+    pytest.param(with_arg(2, torch.zeros(2, 256, 384, dtype=torch.float8_e4m3fn)), r"b.shape\[2\] must be 256",
+                 id="b-K"),
+    pytest.param(with_arg(3, torch.ones(2, 2, 3)),
+                 r"b_scales must have shape \[E, N / 128, K / 128\] = \[2, 2, 2\]", id="b_scales-shape"),
+    pytest.param(with_arg(3, torch.ones(2, 4)), r"b_scales must be 3-D", id="b_scales-dim"),
+    pytest.param(with_arg(4, torch.tensor([0, 256], dtype=torch.int32)), r"offsets.shape\[0\] must be 3",
+                 id="offsets-length"),
+    pytest.param(with_arg(4, torch.tensor([0, 128, 256])), r"offsets must be Int, got Long", id="offsets-dtype"),
+    pytest.param(with_arg(4, torch.tensor([0, 200, 128], dtype=torch.int32)), r"offsets must be non-negative and "
+                 r"non-decreasing", id="offsets-decreasing"),
+    pytest.param(with_arg(4, torch.tensor([-128, 0, 128], dtype=torch.int32)), r"offsets must be non-negative",
+                 id="offsets-negative"),
+]
+
+
+@pytest.mark.parametrize("args,match", BAD)
+def test_bad_input_names_the_argument(args, match):
+    with pytest.raises(ValueError, match=match):
+        mok.fp8_gemm.grouped_mm_blockwise(*args)
+
+
+@pytest.mark.parametrize("N,K", [(256, 200), (200, 256)], ids=["K-200", "N-200"])
+def test_sizes_must_be_multiples_of_128(N, K):
+    a_q, a_s = mok.fp8.quantize(torch.randn(128, K), "blockwise_1x128")
+    b_q, b_s = mok.fp8.quantize(torch.randn(N, K), "blockwise_128x128")
+    b_q, b_s = b_q.view(1, N, K), b_s.view(1, *b_s.shape)
+    what = "K \\(a.shape\\[1\\]\\)" if K % 128 else "N \\(b.shape\\[1\\]\\)"
+    with pytest.raises(ValueError, match=what + " must be a multiple of 128"):
+        mok.fp8_gemm.grouped_mm_blockwise(a_q, a_s, b_q, b_s, torch.tensor([0, 128], dtype=torch.int32))
+
+
+def test_quantize_weight_blockwise():
+    w = torch.randn(3, 256, 200)
+    q, s = mok.fp8_gemm.quantize_weight_blockwise(w)
+    assert q.shape == (3, 256, 200) and q.dtype == torch.float8_e4m3fn and s.shape == (3, 2, 2)
+    for e in range(3):  # each expert's tiles are its own
+        qe, se = mok.fp8.quantize(w[e], "blockwise_128x128")
+        assert torch.equal(q[e].view(torch.uint8), qe.view(torch.uint8)) and torch.equal(s[e], se)
+    with pytest.raises(ValueError, match=r"N \(w.shape\[1\]\) must be a multiple of 128"):
+        mok.fp8_gemm.quantize_weight_blockwise(torch.randn(2, 100, 128))
+    with pytest.raises(ValueError, match=r"w must be a 3-D tensor \[E, N, K\]"):
+        mok.fp8_gemm.quantize_weight_blockwise(torch.randn(256, 128))
+
+
+# ---------------------------------------------------------------- opcheck, torch.compile
+
+
+def opcheck_cases(device):
+    cases = []
+    for shape in [(13, 2, 4, 128, 256, "empty_expert"), (0, 2, 3, 128, 128, "random")]:
+        a_q, a_s, b_q, b_s, plan = make_operands(*shape, device)
+        cases.append((a_q, a_s, b_q, b_s, plan.offsets))
+    return cases
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    # NOTE: opcheck's schema test does arithmetic on the inputs, which float8 tensors do not support.
+    utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    for args in opcheck_cases(device):
+        torch.library.opcheck(ops.grouped_mm_fp8.default, args, test_utils=utils)
+
+
+def test_compile_fullgraph_cpu():
+    def f(a, w, offsets):
+        a_q, a_s = mok.fp8.quantize(a, "blockwise_1x128")
+        b_q, b_s = mok.fp8_gemm.quantize_weight_blockwise(w)
+        return mok.fp8_gemm.grouped_mm_blockwise(a_q, a_s, b_q, b_s, offsets)
+
+    idx = make_routing(30, 2, 4, "random")
+    plan = mok.functional.moe_plan(idx, 4, tile=128)
+    a = torch.randn(plan.src_of_row.shape[0], 256).bfloat16()
+    w = torch.randn(4, 128, 256).bfloat16()
+    want = f(a, w, plan.offsets)
+    got = torch.compile(f, fullgraph=True)(a, w, plan.offsets)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
