@@ -128,6 +128,17 @@ def _dequantize_fp8_fake(q, scales, recipe):
     return q.new_empty(q.shape, dtype=torch.float32)
 
 
+@torch.library.register_fake("mok::quantize_fp8_rowcol")
+def _quantize_fp8_rowcol_fake(x, recipe):
+    if recipe not in ("blockwise_1x128", "mxfp8"):
+        raise ValueError(f"mok.quantize_fp8_rowcol: recipe must be 'blockwise_1x128' or 'mxfp8', got {recipe!r}")
+    M, N = x.shape
+    q, scales = _quantize_fp8_fake(x, recipe)
+    scale_dtype = torch.uint8 if recipe == "mxfp8" else torch.float32
+    qt = x.new_empty((N, M), dtype=torch.float8_e4m3fn)
+    return q, scales, qt, x.new_empty(fp8_scale_shape(recipe, N, M), dtype=scale_dtype)
+
+
 @torch.library.register_fake("mok::grouped_mm_fp8")
 def _grouped_mm_fp8_fake(a, a_scales, b, b_scales, offsets):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.bfloat16)
@@ -266,6 +277,7 @@ ALL_OPS = (
     "grouped_mm_wgrad",
     "quantize_fp8",
     "dequantize_fp8",
+    "quantize_fp8_rowcol",
     "grouped_mm_fp8",
     "device_errors",
 )

@@ -8,13 +8,27 @@ each other; the FP8 GEMMs and recipes in the layer are not done yet):
 
 Conversions round to nearest even and saturate to +-448. An all-zero block gets scale 1 (blockwise)
 or 2^-127 (mxfp8); a block holding NaN or Inf gets a NaN scale and NaN codes (0x7F). Each tensor is
-quantised along its last dimension, the GEMM's K: a column-wise copy is quantize(x.t().contiguous()).
+quantised along its last dimension, the GEMM's K: a column-wise copy is quantize(x.t().contiguous()),
+and quantize_rowcol(x, recipe) makes both copies at once (one read of x on the GPU).
 """
+from typing import NamedTuple
+
 import torch
 
 from ._ops import ops
 
 RECIPES = ("blockwise_1x128", "blockwise_128x128", "mxfp8")
+ROWCOL_RECIPES = ("blockwise_1x128", "mxfp8")
+
+
+class RowCol(NamedTuple):
+    """Row-wise and column-wise FP8 copies of x [M, N]: (q, scales) = quantize(x) and
+    (qt, scales_t) = quantize(x.t().contiguous()), so qt is [N, M]."""
+
+    q: torch.Tensor
+    scales: torch.Tensor
+    qt: torch.Tensor
+    scales_t: torch.Tensor
 
 
 def quantize(x, recipe):
@@ -31,3 +45,20 @@ def dequantize(q, scales, recipe):
     if recipe not in RECIPES:
         raise ValueError(f"mok: recipe must be one of {RECIPES}, got {recipe!r}")
     return ops.dequantize_fp8(q, scales, recipe)
+
+
+def quantize_rowcol(x, recipe):
+    """Both FP8 copies a GEMM's forward and backward need from one tensor.
+
+    x [M, N] (bf16, fp16, fp32, fp64); recipe "blockwise_1x128" or "mxfp8" ("blockwise_128x128" has
+    the same tile scale both ways: its column-wise copy is simply q.t()). Returns RowCol(q, scales,
+    qt, scales_t), bit for bit quantize(x, recipe) and quantize(x.t().contiguous(), recipe):
+
+    - q [M, N] float8_e4m3fn, scales fp32 [M, ceil(N/128)] or uint8 E8M0 [M, ceil(N/32)];
+    - qt [N, M] float8_e4m3fn (x quantised along its first dimension, stored transposed), scales_t
+      fp32 [N, ceil(M/128)] or uint8 E8M0 [N, ceil(M/32)].
+
+    On the GPU a bf16 x is read once by a fused kernel (other dtypes: two quantisations)."""
+    if recipe not in ROWCOL_RECIPES:
+        raise ValueError(f"mok: recipe must be one of {ROWCOL_RECIPES}, got {recipe!r}")
+    return RowCol(*ops.quantize_fp8_rowcol(x.contiguous(), recipe))

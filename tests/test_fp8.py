@@ -1,10 +1,12 @@
 """FP8 quantisation (CPU ops on the C core) against mok.reference, an independent implementation
 with torch's float8 dtypes: bit-exact codes and scales, on random and edge-case blocks; and the CUDA
-kernels against the C core, bit for bit."""
+kernels against the C core, bit for bit. quantize_rowcol against quantize(x) and quantize(x^T) on
+every device (on CUDA, bf16 runs the fused kernel)."""
 import pytest
 import torch
 
 import mok
+from conftest import DEVICES
 from mok import reference
 
 RECIPES = ["blockwise_1x128", "blockwise_128x128", "mxfp8"]
@@ -86,7 +88,21 @@ def _inputs_with_edge_blocks(shape, dtype):
         x[2, shape[1] // 2] = float("nan")
         x[3, :64] = torch.tensor([448.0, -448.0, 1e30, -1e30] * 16)  # saturation
         x[4, :64] = torch.tensor([448.0, 2.0**-7, -(2.0**-8), 3 * 2.0**-10] * 16)  # subnormal codes, a tie
+    if shape[0] >= 8 and dtype in (torch.bfloat16, torch.float32):
+        x[5] = torch.randn(shape[1]) * 2.0**-110  # blocks below 2^-100: the bf16 kernels' division path
+        x[6] = torch.randn(shape[1]) * 2.0**-128  # subnormal values
+        x[7, ::3] = float("-inf")
     return x.to(dtype)
+
+
+def assert_same_quantization(got, want, what):
+    (q, s), (wq, ws) = got, want
+    assert q.dtype == wq.dtype and q.shape == wq.shape and s.dtype == ws.dtype and s.shape == ws.shape, what
+    assert torch.equal(q.cpu().view(torch.uint8), wq.cpu().view(torch.uint8)), f"{what}: codes differ"
+    if s.dtype == torch.uint8:
+        assert torch.equal(s.cpu(), ws.cpu()), f"{what}: E8M0 scales differ"
+    else:
+        assert torch.equal(s.cpu().view(torch.int32), ws.cpu().view(torch.int32)), f"{what}: scales differ (bitwise)"
 
 
 @pytest.mark.gpu
@@ -106,3 +122,113 @@ def test_cuda_quantize_matches_c_core_bit_for_bit(recipe, dtype, shape):
     y = mok.fp8.dequantize(q, s, recipe)
     yc = mok.fp8.dequantize(qc, sc, recipe)
     torch.testing.assert_close(yc.cpu(), y, rtol=0, atol=0, equal_nan=True)
+
+
+# Ragged shapes (M, N not multiples of 128 or 32), one row, 8 columns, no rows; plus a few drawn
+# at random each run.
+ROWCOL_SHAPES = [(1, 8), (1, 1), (0, 64), (64, 0), (3, 130), (129, 256), (200, 77), (130, 264), (256, 136),
+                 (8, 1000), (300, 96)]
+ROWCOL_RECIPES = ["blockwise_1x128", "mxfp8"]
+
+
+def _random_shapes(n):
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
+    return [tuple(int(v) for v in torch.randint(1, 400, (2,), generator=g)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", ROWCOL_RECIPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rowcol_equals_the_two_quantizations(device, recipe, dtype):
+    for shape in ROWCOL_SHAPES + _random_shapes(3):
+        x = _inputs_with_edge_blocks(shape, dtype)
+        rc = mok.fp8.quantize_rowcol(x.to(device), recipe)
+        assert isinstance(rc, mok.fp8.RowCol) and rc.q.device.type == device
+        # the C core (CPU) is the definition; mok.reference is an independent one
+        for ref in (mok.fp8.quantize, reference.quantize_fp8):
+            assert_same_quantization((rc.q, rc.scales), ref(x, recipe), f"{shape} row-wise vs {ref.__module__}")
+            assert_same_quantization((rc.qt, rc.scales_t), ref(x.t().contiguous(), recipe),
+                                     f"{shape} column-wise vs {ref.__module__}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", ROWCOL_RECIPES)
+def test_rowcol_nan_inf_and_zero_blocks(device, recipe):
+    B = 128 if recipe == "blockwise_1x128" else 32
+    x = torch.randn(3 * B, 2 * B)
+    x[:B, :B] = 0  # a zero tile: zero blocks both ways
+    x[B + 5, B + 7] = float("nan")  # one row block and one column block go bad
+    x[2 * B + 1, 3] = float("-inf")
+    q, s, qt, st = mok.fp8.quantize_rowcol(x.to(device=device, dtype=torch.bfloat16), recipe)
+    q, s, qt, st = q.cpu().view(torch.uint8), s.cpu(), qt.cpu().view(torch.uint8), st.cpu()
+    zero_scale = 1.0 if recipe == "blockwise_1x128" else 0
+    assert (s[:B, 0] == zero_scale).all() and (st[:B, 0] == zero_scale).all()
+    assert (q[:B, :B] == 0).all() and (qt[:B, :B] == 0).all()
+    nan_scale = (lambda v: torch.isnan(v)) if recipe == "blockwise_1x128" else (lambda v: v == 0xFF)
+    assert nan_scale(s[B + 5, 1]) and nan_scale(st[B + 7, 1]) and nan_scale(s[2 * B + 1, 0]) and nan_scale(st[3, 2])
+    assert (q[B + 5, B:2 * B] == 0x7F).all() and (qt[B + 7, B:2 * B] == 0x7F).all()
+    assert (qt[3, 2 * B:3 * B] == 0x7F).all()
+    # a block without NaN/Inf next to it is untouched
+    assert not nan_scale(s[B + 5, 0]) and not nan_scale(st[B + 7, 0])
+
+
+def test_rowcol_bad_input():
+    with pytest.raises(ValueError, match="recipe must be"):
+        mok.fp8.quantize_rowcol(torch.randn(4, 4), "blockwise_128x128")
+    with pytest.raises(ValueError, match=r"recipe must be 'blockwise_1x128' or 'mxfp8'.*q\.t\(\)"):
+        torch.ops.mok.quantize_fp8_rowcol(torch.randn(4, 4), "blockwise_128x128")
+    with pytest.raises(ValueError, match="recipe"):
+        torch.ops.mok.quantize_fp8_rowcol(torch.randn(4, 4), "fp4")
+    with pytest.raises(ValueError, match=r"\bx\b.*2-D"):
+        mok.fp8.quantize_rowcol(torch.randn(2, 4, 4), "mxfp8")
+    with pytest.raises(ValueError, match=r"\bx\b.*bfloat16"):
+        mok.fp8.quantize_rowcol(torch.ones(4, 4, dtype=torch.int32), "mxfp8")
+    with pytest.raises(ValueError, match=r"\bx\b.*contiguous"):
+        torch.ops.mok.quantize_fp8_rowcol(torch.randn(8, 4).t(), "mxfp8")
+
+
+def test_rowcol_under_compile():
+    x = torch.randn(40, 72, dtype=torch.bfloat16)
+    f = torch.compile(lambda t: mok.fp8.quantize_rowcol(t * 2, "mxfp8"), fullgraph=True, backend="eager")
+    got, want = f(x), mok.fp8.quantize_rowcol(x * 2, "mxfp8")
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and torch.equal(g.view(torch.uint8), w.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_cuda_bf16_tile_kernels_large_and_misaligned(recipe):
+    # Whole tiles of a model-sized row, a ragged N % 128, and an x whose data starts 2 bytes into its
+    # storage (element-wise loads in the tile kernels).
+    for shape in [(512, 7168), (136, 264), (1000, 40)]:
+        x = _inputs_with_edge_blocks(shape, torch.bfloat16)
+        assert_same_quantization(mok.fp8.quantize(x.cuda(), recipe), mok.fp8.quantize(x, recipe), f"{shape}")
+    flat = torch.randn(136 * 264 + 1, dtype=torch.bfloat16)
+    x = flat[1:].view(136, 264)
+    xc = flat.cuda()[1:].view(136, 264)
+    assert xc.data_ptr() % 16 != 0
+    assert_same_quantization(mok.fp8.quantize(xc, recipe), mok.fp8.quantize(x, recipe), "misaligned")
+    if recipe in ROWCOL_RECIPES:
+        rc = mok.fp8.quantize_rowcol(xc, recipe)
+        assert_same_quantization((rc.q, rc.scales), mok.fp8.quantize(x, recipe), "rowcol misaligned")
+        assert_same_quantization((rc.qt, rc.scales_t), mok.fp8.quantize(x.t().contiguous(), recipe),
+                                 "rowcol misaligned, column-wise")
+        x = _inputs_with_edge_blocks((512, 7168), torch.bfloat16)
+        rc = mok.fp8.quantize_rowcol(x.cuda(), recipe)
+        assert_same_quantization((rc.q, rc.scales), mok.fp8.quantize(x, recipe), "rowcol 512 x 7168")
+        assert_same_quantization((rc.qt, rc.scales_t), mok.fp8.quantize(x.t().contiguous(), recipe),
+                                 "rowcol 512 x 7168, column-wise")
+
+
+@pytest.mark.gpu
+def test_cuda_rowcol_is_deterministic_and_leaves_no_gaps():
+    # Outputs are fresh tensors: fill the caching allocator with 0xA5 first, so any byte the kernel
+    # fails to write shows up as a difference from the C core.
+    junk = torch.full((1 << 24,), 0xA5, dtype=torch.uint8, device="cuda")
+    del junk
+    x = _inputs_with_edge_blocks((300, 1000), torch.bfloat16)
+    a = mok.fp8.quantize_rowcol(x.cuda(), "blockwise_1x128")
+    b = mok.fp8.quantize_rowcol(x.cuda(), "blockwise_1x128")
+    for u, v in zip(a, b):
+        assert torch.equal(u.view(torch.uint8), v.view(torch.uint8))
+    assert_same_quantization((a.qt, a.scales_t), mok.fp8.quantize(x.t().contiguous(), "blockwise_1x128"), "qt")

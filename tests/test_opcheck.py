@@ -41,6 +41,8 @@ def op_cases(device):
                          for r in ("blockwise_1x128", "blockwise_128x128", "mxfp8")],
         "dequantize_fp8": [(*ops.quantize_fp8(torch.randn(5, 200, device=device), r), r)
                            for r in ("blockwise_1x128", "blockwise_128x128", "mxfp8")],
+        "quantize_fp8_rowcol": [(torch.randn(130, 40, device=device, dtype=dt), r)
+                                for r in ("blockwise_1x128", "mxfp8") for dt in (torch.bfloat16, torch.float32)],
         "grouped_mm_fp8": [fp8_gemm_case(device)],
     }
 

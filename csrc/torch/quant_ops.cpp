@@ -3,6 +3,8 @@
 // (activations), "blockwise_128x128" (weights), both E4M3 with fp32 scales (DeepSeek-V3), and
 // "mxfp8" (E4M3, 1x32 blocks, E8M0 scales, RCEIL). Each quantises along the last dimension (the
 // GEMM's K); a column-wise copy is the quantisation of the transposed tensor.
+// quantize_fp8_rowcol returns both copies: backward needs the column-wise one quantised from the
+// bf16 values (DESIGN.md), and on the GPU one kernel makes both from a single read of x.
 #include <torch/library.h>
 
 #include <string>
@@ -81,6 +83,47 @@ std::tuple<at::Tensor, at::Tensor> quantize_fp8(const at::Tensor& x, c10::string
     return {q, scales};
 }
 
+// (q, scales) = quantize_fp8(x), (qt, scales_t) = quantize_fp8(x^T contiguous). CUDA bf16: the fused
+// kernel; other dtypes and the CPU: the two quantisations (the C core is the definition).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_rowcol(const at::Tensor& x,
+                                                                               c10::string_view recipe_name) {
+    const char* op = "mok.quantize_fp8_rowcol";
+    const std::string name(recipe_name);
+    const Recipe r = parse_recipe(name, op);
+    TORCH_CHECK_VALUE(r != Recipe::kBlock128x128, op, ": recipe must be 'blockwise_1x128' or 'mxfp8', got '", name,
+                      "' (a 128x128 tile has the same scale both ways: its column-wise copy is q.t())");
+    check_dim(x, 2, op, "x", "[M, N]");
+    check_contiguous(x, op, "x");
+    const mok_dtype dt = to_mok_dtype(x, op, "x");
+#ifdef MOK_WITH_CUDA
+    if (x.is_cuda() && dt == MOK_BF16) {
+        const int64_t M = x.size(0), N = x.size(1);
+        const auto sdt = x.options().dtype(r == Recipe::kMx ? at::kByte : at::kFloat);
+        auto q = at::empty({M, N}, x.options().dtype(at::kFloat8_e4m3fn));
+        auto qt = at::empty({N, M}, x.options().dtype(at::kFloat8_e4m3fn));
+        auto scales = at::empty(scale_shape(r, M, N), sdt);
+        auto scales_t = at::empty(scale_shape(r, N, M), sdt);
+        if (x.numel() == 0) return {q, scales, qt, scales_t};
+        c10::cuda::CUDAGuard guard(x.device());
+        mok_quantize_fp8_rowcol_args a{};
+        a.x = x.data_ptr();
+        a.dtype = dt;
+        a.M = M;
+        a.N = N;
+        a.recipe = static_cast<int>(r);
+        a.q = static_cast<uint8_t*>(q.data_ptr());
+        a.scales = scales.data_ptr();
+        a.qt = static_cast<uint8_t*>(qt.data_ptr());
+        a.scales_t = scales_t.data_ptr();
+        check_status(mok_quantize_fp8_rowcol_cuda(&a, at::cuda::getCurrentCUDAStream(x.device().index()).stream()), op);
+        return {q, scales, qt, scales_t};
+    }
+#endif
+    auto [q, scales] = quantize_fp8(x, recipe_name);
+    auto [qt, scales_t] = quantize_fp8(x.t().contiguous(), recipe_name);
+    return {q, scales, qt, scales_t};
+}
+
 at::Tensor dequantize_fp8(const at::Tensor& q, const at::Tensor& scales, c10::string_view recipe_name) {
     const char* op = "mok.dequantize_fp8";
     const Recipe r = parse_recipe(std::string(recipe_name), op);
@@ -133,17 +176,20 @@ at::Tensor dequantize_fp8(const at::Tensor& q, const at::Tensor& scales, c10::st
 TORCH_LIBRARY_FRAGMENT(mok, m) {
     m.def("quantize_fp8(Tensor x, str recipe) -> (Tensor q, Tensor scales)");
     m.def("dequantize_fp8(Tensor q, Tensor scales, str recipe) -> Tensor");
+    m.def("quantize_fp8_rowcol(Tensor x, str recipe) -> (Tensor q, Tensor scales, Tensor qt, Tensor scales_t)");
 }
 
 TORCH_LIBRARY_IMPL(mok, CPU, m) {
     m.impl("quantize_fp8", &quantize_fp8);
     m.impl("dequantize_fp8", &dequantize_fp8);
+    m.impl("quantize_fp8_rowcol", &quantize_fp8_rowcol);
 }
 
 #ifdef MOK_WITH_CUDA
 TORCH_LIBRARY_IMPL(mok, CUDA, m) {
     m.impl("quantize_fp8", &quantize_fp8);
     m.impl("dequantize_fp8", &dequantize_fp8);
+    m.impl("quantize_fp8_rowcol", &quantize_fp8_rowcol);
 }
 #endif
 
