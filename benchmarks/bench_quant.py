@@ -1,11 +1,15 @@
-"""FP8 quantisers against the device copy ceiling: mok.fp8.quantize for each recipe and a plain
-copy of the same tensor (x.clone()), in one run on the same input, as TB/s of bytes read + written.
+"""FP8 quantisers against the device copy ceiling: mok.fp8.quantize for each recipe,
+mok.fp8.quantize_rowcol (row-wise + column-wise copies from one read of x) and, for comparison, the
+same two copies made unfused (quantize(x) + quantize(x.t().contiguous())), and a plain copy of the
+same tensor (x.clone()), in one run on the same input, as TB/s of bytes read + written.
 
     python benchmarks/bench_quant.py                 # on the GPU
     python benchmarks/bench_quant.py --quick         # CPU smoke test
 
 Bytes counted: the bf16 input once, the E4M3 codes and the scales once (the copy: the input read
-and written once). The L2 is flushed between timed calls."""
+and written once; rowcol: the input once, both code copies and both scale tensors; the unfused
+rows count the same bytes as rowcol, so their TB/s is directly the speed-up's inverse). "vs copy"
+is TB/s against the copy's TB/s. The L2 is flushed between timed calls."""
 import argparse
 import os
 import sys
@@ -42,11 +46,25 @@ def main(argv=None):
                              flush_l2=args.flush_l2)
             tbps = nbytes / t["median_ms"] / 1e9
             rows.append(dict(shape=name, impl=recipe, M=M, N=N, ms=t["median_ms"], tbps=tbps, vs_copy=tbps / copy_tbps))
+        for recipe in mok.fp8.ROWCOL_RECIPES:
+            rc = mok.fp8.quantize_rowcol(x, recipe)
+            nbytes = 2 * M * N + sum(t.numel() * t.element_size() for t in rc)
+            del rc
+            impls = {"rowcol " + recipe: lambda _i: mok.fp8.quantize_rowcol(x, recipe),
+                     "unfused " + recipe: lambda _i: (mok.fp8.quantize(x, recipe),
+                                                      mok.fp8.quantize(x.t().contiguous(), recipe))}
+            for impl, fn in impls.items():
+                t = common.bench(fn, dev, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2)
+                tbps = nbytes / t["median_ms"] / 1e9
+                rows.append(dict(shape=name, impl=impl, M=M, N=N, ms=t["median_ms"], tbps=tbps,
+                                 vs_copy=tbps / copy_tbps))
         del x
         common.free_memory(dev)
     print("\n" + common.format_table(rows, COLUMNS))
     common.write_results(args.out, env, rows, COLUMNS, "FP8 quantisers against the copy ceiling",
-                         ["TB/s = (bf16 input + E4M3 codes + scales) bytes / time; copy: 2 x input bytes."])
+                         ["TB/s = (bf16 input + E4M3 codes + scales) bytes / time; copy: 2 x input bytes.",
+                          "rowcol: input + both code copies + both scale tensors; unfused: the same bytes, "
+                          "two quantisations and a transpose."])
 
 
 if __name__ == "__main__":
