@@ -122,9 +122,11 @@ def test_cpu_is_the_core_formula_bit_exact(T, top_k, E, N, K, routing, _fresh_se
     want = core_formula(a_q, a_s, b_q, b_s, plan.offsets)
     diff = (out.view(torch.int16) != want.view(torch.int16)).sum().item()
     assert diff == 0, f"seed {_fresh_seed}: {diff} elements differ from the core's documented arithmetic"
-    # Per element: one bf16 rounding of (almost) the exact value.
+    # Per element: one bf16 rounding (relative error < 2^-8) of the exact value, up to float64
+    # noise (the reference's sums are not exact: 1e-16 of the magnitude where terms cancel).
     ref = reference.grouped_mm_fp8_blockwise(a_q, a_s, b_q, b_s, plan.offsets)
-    assert ((out.double() - ref).abs() <= ref.abs() * 2**-8 + 1e-30).all()
+    mag = reference.grouped_mm_fp8_blockwise(a_q.float().abs(), a_s.abs(), b_q.float().abs(), b_s.abs(), plan.offsets)
+    assert ((out.double() - ref).abs() <= ref.abs() * 2**-8 + mag * 1e-14).all(), f"seed {_fresh_seed}"
 
 
 def test_cpu_result_does_not_depend_on_thread_count():
