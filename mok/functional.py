@@ -5,7 +5,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from . import _errors
+from . import _errors, _fp8_experts
 from ._gate_up import gate_up_swiglu
 from ._ops import ops, plan_tile_for
 
@@ -135,7 +135,8 @@ def _autocast(x, *weights):
     return tuple(t.to(dt) if t.is_floating_point() else t for t in (x, *weights))
 
 
-def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=False, plan: Optional[Plan] = None):
+def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=False, plan: Optional[Plan] = None,
+                recipe: str = "bf16"):
     """The routed experts of an MoE layer: y[t] = sum_k topk_w[t, k] * MLP_e(x[t]), e = topk_idx[t, k],
     MLP_e(v) = down_proj[e] @ (silu(gate[e] @ v) * (up[e] @ v)), [gate; up] = gate_up_proj[e].
 
@@ -146,15 +147,25 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
     An expert id outside [0, E) is an error; with skip_invalid=True such pairs are skipped (the
     transformers expert-parallel convention for tokens routed to experts of other ranks). On CUDA
     the error is seen by the GPU and raised by the next mok call (or mok.check_errors()), as a
-    synchronous check would stall the GPU."""
+    synchronous check would stall the GPU.
+
+    recipe: "bf16" (default), or "blockwise": both expert GEMMs of the forward in FP8 E4M3 with
+    1 x 128 activation and 128 x 128 weight scales (DeepSeek-V3's recipe), the backward in BF16;
+    needs bf16 x and weights, H and I multiples of 128 (mok/_fp8_experts.py)."""
+    if recipe not in _fp8_experts.RECIPES:
+        _fail("recipe", f"one of {_fp8_experts.RECIPES}", repr(recipe))
     x, gate_up_proj, down_proj = _autocast(x, gate_up_proj, down_proj)
     _check_experts_args(x, topk_idx, topk_w, gate_up_proj, down_proj)
+    if recipe == "blockwise":
+        _fp8_experts.check_blockwise_args(x, gate_up_proj)
     if _eager() and x.is_cuda:
         _errors.check_errors()
     E = gate_up_proj.shape[0]
     K = topk_idx.shape[1]
     if plan is None:
         plan = moe_plan(topk_idx, E, skip_invalid=skip_invalid)
+    if recipe == "blockwise":
+        return _fp8_experts.experts_blockwise(x, plan, K, topk_w, gate_up_proj, down_proj)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     x = x.contiguous()
     x_rows = None

@@ -1,0 +1,135 @@
+"""The routed experts under the "blockwise" FP8 recipe (DeepSeek-V3's scaling): both expert GEMMs
+of the forward run on E4M3 operands, the backward in BF16.
+
+    x_rows = gather(x)                                     bf16 [R, H] (also the wgrad operand)
+    h      = FP8GEMM(q(x_rows), Q(gate_up))                 q: 1 x 128 scales, Q: 128 x 128 scales
+    act    = SwiGLU(h)                                      bf16 [R, I]
+    rows   = FP8GEMM(q(act), Q(down))
+    y      = combine(rows)
+
+The backward is the BF16 path's, on the saved bf16 tensors (x_rows, h, act) and the bf16 weights:
+dgrad and weight gradient of each GEMM with mok's BF16 kernels ("FP8 forward, BF16 backward": the
+gradients are those of the BF16 formulas at the FP8 forward's activations). An FP8 backward (dgrad
+and wgrad on the column-wise copies) is not built yet.
+
+Weights are quantised once per version: the codes and scales are cached on the weight tensor and
+reused until the tensor changes in place (an optimizer step bumps its version counter) or is
+replaced. The cache is skipped under torch.compile (the quantisation is then part of the graph).
+
+Shapes: H, I multiples of 128 (whole scale blocks, as the FP8 GEMM needs); bf16 x and weights.
+"""
+import torch
+
+from ._gate_up import gate_up_backward
+from ._ops import ops
+
+RECIPES = ("bf16", "blockwise")
+ACT_RECIPE = "blockwise_1x128"
+WEIGHT_RECIPE = "blockwise_128x128"
+BLOCK = 128
+
+
+def quantize_expert_weight(w):
+    """(codes [E, N, K] e4m3, scales [E, N / 128, K / 128] fp32) of an expert weight [E, N, K]:
+    128 x 128 blocks, which never straddle two experts as N % 128 == 0."""
+    E, N, K = w.shape
+    q, s = ops.quantize_fp8(w.detach().reshape(E * N, K), WEIGHT_RECIPE)
+    return q.view(E, N, K), s.view(E, N // BLOCK, K // BLOCK)
+
+
+_CACHE_ATTR = "_mok_fp8_blockwise"
+
+
+def cached_expert_weight(w):
+    """quantize_expert_weight(w), reused while w keeps its storage and version."""
+    if torch.compiler.is_compiling():
+        return quantize_expert_weight(w)
+    key = (w._version, w.data_ptr(), tuple(w.shape))
+    hit = getattr(w, _CACHE_ATTR, None)
+    if hit is not None and hit[0] == key:
+        return hit[1], hit[2]
+    q, s = quantize_expert_weight(w)
+    try:
+        setattr(w, _CACHE_ATTR, (key, q, s))
+    except (AttributeError, RuntimeError):  # a tensor that takes no attributes: no cache
+        pass
+    return q, s
+
+
+def _fp8_mm(a, w_q, w_s, offsets):
+    """bf16 [R, N] = a [R, K] (quantised here, 1 x 128) @ w^T per expert, FP8 GEMM."""
+    a_q, a_s = ops.quantize_fp8(a, ACT_RECIPE)
+    return ops.grouped_mm_fp8(a_q, a_s, w_q, w_s, offsets)
+
+
+class _Fp8GateUp(torch.autograd.Function):
+    """h = x_rows @ gate_up[e]^T in FP8; backward as mok's BF16 _GateUp (d_x summed over each
+    token's rows, d_gate_up over x_rows)."""
+
+    @staticmethod
+    def forward(ctx, x, gate_up, src_of_row, row_of, top_k, offsets, x_rows, w_q, w_s):
+        h = _fp8_mm(x_rows, w_q, w_s, offsets)
+        ctx.save_for_backward(x, gate_up, src_of_row, row_of, offsets, x_rows)
+        ctx.top_k = top_k
+        ctx.set_materialize_grads(False)
+        return h
+
+    @staticmethod
+    def backward(ctx, d_h):
+        x, gate_up, src_of_row, row_of, offsets, x_rows = ctx.saved_tensors
+        if d_h is None:
+            return (None,) * 9
+        d_x, d_w = gate_up_backward(d_h.contiguous(), x, src_of_row, row_of, ctx.top_k, gate_up, offsets, x_rows,
+                                    ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+        return d_x, d_w, None, None, None, None, None, None, None
+
+
+class _Fp8Down(torch.autograd.Function):
+    """rows = act @ down[e]^T in FP8; backward as mok.grouped_mm's (NT) in BF16."""
+
+    @staticmethod
+    def forward(ctx, act, down, offsets, w_q, w_s):
+        rows = _fp8_mm(act, w_q, w_s, offsets)
+        ctx.save_for_backward(act, down, offsets)
+        ctx.set_materialize_grads(False)
+        return rows
+
+    @staticmethod
+    def backward(ctx, d_rows):
+        act, down, offsets = ctx.saved_tensors
+        if d_rows is None:
+            return (None,) * 5
+        d_rows = d_rows.contiguous()
+        d_act = d_down = None
+        if ctx.needs_input_grad[0]:
+            d_act = ops.grouped_mm(d_rows, None, 1, down, offsets, False)
+        if ctx.needs_input_grad[1]:
+            d_down = ops.grouped_mm_wgrad(d_rows, act, None, 1, offsets)
+        return d_act, d_down, None, None, None
+
+
+def check_blockwise_args(x, gate_up_proj):
+    """The recipe's extra conditions, with errors that name the argument."""
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"mok: recipe='blockwise' needs bfloat16 x and weights, got {x.dtype}")
+    _E, two_i, H = gate_up_proj.shape
+    if H % BLOCK or (two_i // 2) % BLOCK:
+        raise ValueError(
+            f"mok: recipe='blockwise' needs the hidden size and the intermediate size to be multiples of {BLOCK} "
+            f"(whole 128-wide scale blocks), got H={H}, I={two_i // 2}"
+        )
+
+
+def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj):
+    """y [T, H] of the routed experts under the blockwise recipe (inputs already checked)."""
+    acc = torch.float32
+    x = x.contiguous()
+    # the FP8 GEMM reads rows of A by TMA: one gathered copy of the token rows (also the weight
+    # gradient's operand)
+    x_rows = ops.gather_rows(x.detach(), plan.src_of_row, None, top_k)
+    w1_q, w1_s = cached_expert_weight(gate_up_proj)
+    w2_q, w2_s = cached_expert_weight(down_proj)
+    h = _Fp8GateUp.apply(x, gate_up_proj, plan.src_of_row, plan.row_of, top_k, plan.offsets, x_rows, w1_q, w1_s)
+    act = ops.swiglu(h)
+    rows = _Fp8Down.apply(act, down_proj, plan.offsets, w2_q, w2_s)
+    return ops.combine(rows, plan.row_of, plan.src_of_row, topk_w.to(acc).contiguous())
