@@ -196,6 +196,12 @@ inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
     return emu::float_of(emu::shuffle(mask, emu::bits_of(v), (int)(threadIdx.x % 32) ^ lane_mask));
 }
 
+inline unsigned __shfl_sync(unsigned mask, unsigned v, int src_lane) { return emu::shuffle(mask, v, src_lane); }
+inline int __shfl_sync(unsigned mask, int v, int src_lane) { return (int)emu::shuffle(mask, (uint32_t)v, src_lane); }
+inline float __shfl_sync(unsigned mask, float v, int src_lane) {
+    return emu::float_of(emu::shuffle(mask, emu::bits_of(v), src_lane));
+}
+
 inline uint4 __ldg(const uint4* p) { return *p; }
 
 inline unsigned __vmaxu2(unsigned a, unsigned b) {

@@ -15,6 +15,9 @@
  *   "bad block" flag. Row amaxes of two rows share a word, which halves the shuffles.
  * - Row-wise blocks (128 or 32 columns) are 16 or 4 lanes of one half-warp: an xor-shuffle
  *   reduction, codes from registers, 8-byte stores (a warp writes two 128-byte row segments).
+ * - A block's scale costs about 25 instructions (amax / 448, its reciprocal, the checks) and all
+ *   16 (or 4) threads of a block need it: each computes one and gets the rest by shuffles (rows)
+ *   or from shared memory (columns), instead of every thread computing all of its 8.
  * - Column-wise (rowcol only): a column block (128 or 32 rows) spans 16 or 4 threads of different
  *   warps, so each thread's column maxima go through shared memory (4 KiB) once; the codes of the
  *   transposed tile are written to shared memory (16 KiB) and leave as 16-byte stores, a warp
@@ -183,6 +186,24 @@ __device__ __forceinline__ block_scale block_scale_of(uint32_t amax_bits) {
     return b;
 }
 
+/* The same record from values computed by another lane (fp32 s, r; or the E8M0 code). */
+template <bool kMx>
+__device__ __forceinline__ block_scale block_scale_from(uint32_t amax_bits, float s, float r, uint32_t e8) {
+    block_scale b;
+    b.bad = amax_bits >= 0x7F80u;
+    b.fast = amax_bits == 0 || amax_bits >= MOK_QUOT_FAST_MIN_BF16;
+    b.e8 = e8;
+    b.s = s;
+    b.r = kMx ? (b.bad ? 0.f : mok_dev_e8m0_inverse(e8)) : r;
+    return b;
+}
+
+/* Row i's amax bits from the row-pair words (i may be known only at run time). */
+__device__ __forceinline__ uint32_t row_bits(const uint32_t (&rm)[4], int i) {
+    const uint32_t w01 = (i & 2) ? rm[1] : rm[0], w23 = (i & 2) ? rm[3] : rm[2];
+    return ((i & 4 ? w23 : w01) >> (16 * (i & 1))) & 0xFFFFu;
+}
+
 /* The codes of 8 values of one block, value j in byte j. */
 template <bool kMx>
 __device__ __forceinline__ uint2 encode8(const float (&v)[8], const block_scale& b) {
@@ -225,15 +246,37 @@ __device__ __forceinline__ void quantize_rows(const tile_args& a, const tile_thr
     for (int off = 1; off < kLanes; off *= 2)
 #pragma unroll
         for (int j = 0; j < 4; ++j) rm[j] = vmax2(rm[j], __shfl_xor_sync(0xFFFFFFFFu, rm[j], off));
-    if (t.cols == 0) return;
+
+    /* Scales. The lanes of a block hold the same 8 row maxima; rather than each computing all 8
+     * scales (about 25 instructions each), lane j computes row j % 8's (1x128) or rows 2j and
+     * 2j + 1 (mxfp8, 4 lanes) and the others arrive by shuffles. */
+    const int lane = (int)threadIdx.x % 32;
+    block_scale own;
+    uint32_t e8_lo = 0, e8_hi = 0; /* mxfp8: E8M0 codes of rows 0-3 and 4-7, one byte each */
+    if (kMx) {
+        const int j = lane % 4;
+        uint32_t x = block_scale_of<true>(row_bits(rm, 2 * j)).e8 | (block_scale_of<true>(row_bits(rm, 2 * j + 1)).e8 << 8);
+        x <<= 16 * (j & 1);
+        x |= __shfl_xor_sync(0xFFFFFFFFu, x, 1); /* lanes 0, 1: rows 0-3; lanes 2, 3: rows 4-7 */
+        const uint32_t y = __shfl_xor_sync(0xFFFFFFFFu, x, 2);
+        e8_lo = (j & 2) ? y : x;
+        e8_hi = (j & 2) ? x : y;
+    } else {
+        own = block_scale_of<false>(row_bits(rm, lane & 7));
+    }
+    const bool any = t.cols > 0;
     const int64_t nbs = (a.N + B - 1) / B;                     /* scale columns */
     const bool lead = t.p % kLanes == 0;                       /* the lane that stores the scale */
     uint8_t* dst = a.q + t.r0 * a.N + t.c;
     const int64_t s0 = t.r0 * nbs + (kMx ? (int64_t)t.tn * (kTile / B) + t.p / kLanes : t.tn);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        if (i >= t.rows) break;
-        const block_scale b = block_scale_of<kMx>((rm[i / 2] >> (16 * (i & 1))) & 0xFFFFu);
+        /* NOTE: the shuffles come before the row test: every lane of the warp must run them. */
+        const float s_i = kMx ? 0.f : __shfl_sync(0xFFFFFFFFu, own.s, (lane & 16) | i);
+        const float r_i = kMx ? 0.f : __shfl_sync(0xFFFFFFFFu, own.r, (lane & 16) | i);
+        if (!any || i >= t.rows) continue;
+        const uint32_t e8 = kMx ? ((i < 4 ? e8_lo : e8_hi) >> (8 * (i & 3))) & 0xFFu : 0u;
+        const block_scale b = block_scale_from<kMx>(row_bits(rm, i), s_i, r_i, e8);
         float v[8];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -241,11 +284,11 @@ __device__ __forceinline__ void quantize_rows(const tile_args& a, const tile_thr
             v[2 * k + 1] = hi_f(w[i][k]);
         }
         store8(dst, encode8<kMx>(v, b), a.vec != 0, t.cols);
-        dst += a.N;
         if (lead) {
             if (kMx) static_cast<uint8_t*>(a.scales)[s0 + i * nbs] = (uint8_t)b.e8;
             else static_cast<float*>(a.scales)[s0 + i * nbs] = b.s;
         }
+        dst += a.N;
     }
 }
 
@@ -296,15 +339,24 @@ __global__ void __launch_bounds__(kThreads) quantize_tile128_bf16_kernel(const t
     }
 }
 
-/* Shared memory of the rowcol kernel.
+/* Shared memory of the rowcol kernel (22 KiB for 1x128, 28 KiB for mxfp8).
  * part:    [16 chunks][16 pieces] x 16 B = 4 KiB, each thread's column maxima over its 8 rows.
+ * scale:   [column blocks per tile][8][16 pieces] x 16 B, the column blocks' scales; column
+ *          8p + c at [.][c][p], so the 16 lanes reading one c touch consecutive records.
  * codes_t: [128 columns of x][16 chunks of 8 rows] x 8 B = 16 KiB, the transposed tile's codes.
  *          NOTE: chunk g of row n sits at slot g ^ (n / 8): the 16 lanes of a half-warp that
  *          write one 8-byte chunk each (same g, pieces p = n / 8 = 0..15) then hit 16 different
  *          bank pairs, while a 16-byte read of slots (2j, 2j + 1) still holds two consecutive
  *          chunks (swapped when n / 8 is odd). */
+struct col_scale {
+    float s, r;
+    uint32_t e8, bits;
+};
+
+template <int B>
 struct rowcol_smem {
     uint4 part[kChunks][kPieces];
+    col_scale scale[kTile / B][8][kPieces];
     uint2 codes_t[kTile][kChunks];
 };
 
@@ -312,8 +364,8 @@ struct rowcol_smem {
  * (q, scales) = quantize(x), (qt, scales_t) = quantize(x^T contiguous). */
 template <int B, bool kMx>
 __global__ void __launch_bounds__(kThreads) quantize_rowcol_bf16_kernel(const tile_args a) {
-    enum { kGroup = B / 8 }; /* chunks of one column block: 16 (1x128) or 4 (1x32) */
-    __shared__ rowcol_smem s;
+    enum { kGroup = B / 8, kColBlocks = kTile / B }; /* chunks per column block: 16 or 4; blocks per tile column */
+    __shared__ rowcol_smem<B> s;
     const tile_thread t = tile_thread_of(a);
     uint32_t w[8][4], rm[4], cm[4];
     load_block(a, t, w);
@@ -324,32 +376,42 @@ __global__ void __launch_bounds__(kThreads) quantize_rowcol_bf16_kernel(const ti
     quantize_rows<B, kMx>(a, t, w, rm);
     __syncthreads();
 
-    /* column-wise blocks: maxima of the chunks g0 .. g0 + kGroup - 1 that share the thread's block */
-    const int g0 = t.g - t.g % kGroup;
+    /* column blocks' scales: one thread per (block, column); u -> piece pp (fastest), column c
+     * within the piece, block kb, i.e. column 8 pp + c of the tile and rows kb * B .. + B */
+    const int64_t nbs_t = (a.M + B - 1) / B; /* scale columns of qt */
 #pragma unroll
-    for (int j = 0; j < kGroup; ++j) {
-        const uint4 v = s.part[g0 + j][t.p];
-        cm[0] = vmax2(cm[0], v.x);
-        cm[1] = vmax2(cm[1], v.y);
-        cm[2] = vmax2(cm[2], v.z);
-        cm[3] = vmax2(cm[3], v.w);
+    for (int u = (int)threadIdx.x; u < kTile * kColBlocks; u += kThreads) {
+        const int pp = u % kPieces, c = (u / kPieces) % 8, kb = u / kTile;
+        uint32_t m = 0;
+#pragma unroll
+        for (int j = 0; j < kGroup; ++j) m = vmax2(m, reinterpret_cast<const uint32_t*>(&s.part[kb * kGroup + j][pp])[c / 2]);
+        m = (m >> (16 * (c % 2))) & 0xFFFFu;
+        const block_scale b = block_scale_of<kMx>(m);
+        col_scale cs;
+        cs.s = b.s;
+        cs.r = b.r;
+        cs.e8 = b.e8;
+        cs.bits = m;
+        s.scale[kb][c][pp] = cs;
+        const int64_t col = t.n0 + 8 * pp + c;
+        if (col < a.N && t.m0 + kb * B < a.M) {
+            const int64_t at = col * nbs_t + (kMx ? (int64_t)t.tm * kColBlocks + kb : t.tm);
+            if (kMx) static_cast<uint8_t*>(a.scales_t)[at] = (uint8_t)b.e8;
+            else static_cast<float*>(a.scales_t)[at] = b.s;
+        }
     }
-    const int64_t nbs_t = (a.M + B - 1) / B;                   /* scale columns of qt */
-    const int64_t s0 = t.c * nbs_t + (kMx ? (int64_t)t.tm * (kTile / B) + t.g / kGroup : t.tm);
-    const bool lead = t.g % kGroup == 0 && t.rows > 0;         /* the thread that stores the scale */
+    __syncthreads();
+
+    /* column-wise codes of the thread's 8 columns, into the transposed tile */
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
         const int k = c / 2, h = c % 2;
-        const block_scale b = block_scale_of<kMx>((cm[k] >> (16 * h)) & 0xFFFFu);
+        const col_scale cs = s.scale[t.g / kGroup][c][t.p];
+        const block_scale b = block_scale_from<kMx>(cs.bits, cs.s, cs.r, cs.e8);
         float v[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = h ? hi_f(w[i][k]) : lo_f(w[i][k]);
-        const int n = 8 * t.p + c;
-        s.codes_t[n][t.g ^ t.p] = encode8<kMx>(v, b);
-        if (lead && c < t.cols) {
-            if (kMx) static_cast<uint8_t*>(a.scales_t)[s0 + c * nbs_t] = (uint8_t)b.e8;
-            else static_cast<float*>(a.scales_t)[s0 + c * nbs_t] = b.s;
-        }
+        s.codes_t[8 * t.p + c][t.g ^ t.p] = encode8<kMx>(v, b);
     }
     __syncthreads();
 
