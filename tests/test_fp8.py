@@ -92,6 +92,10 @@ def _inputs_with_edge_blocks(shape, dtype):
         x[5] = torch.randn(shape[1]) * 2.0**-110  # blocks below 2^-100: the bf16 kernels' division path
         x[6] = torch.randn(shape[1]) * 2.0**-128  # subnormal values
         x[7, ::3] = float("-inf")
+    if shape[0] >= 9 and shape[1] >= 2 and dtype in (torch.bfloat16, torch.float32):
+        # quotients below float's normal range: +-(smallest bf16 subnormal) next to a large amax
+        x[8] = torch.where(torch.rand(shape[1]) < 0.5, -(2.0**-133), 2.0**-133)
+        x[8, ::64] = 1000.0
     return x.to(dtype)
 
 

@@ -2,8 +2,9 @@
  * mok's bf16 FP8 tile kernels (csrc/cuda/quant/quantize_bf16_tile.cuh) run on the CPU through
  * cuda_emu.h and compared byte for byte with the C core: row-wise quantisation for the three
  * recipes and the fused row-wise + column-wise kernel against quantize(x) and quantize(x^T), on
- * random bf16 data with edge blocks (zeros, NaN, Inf, saturation, subnormals, blocks below the
- * division-free threshold), ragged shapes and misaligned pointers. Built and run by
+ * random bf16 data with edge blocks (zeros, NaN, Inf, saturation, subnormals, quotients below
+ * float's normal range, blocks below the division-free threshold), ragged shapes and misaligned
+ * pointers. Built and run by
  * tests/test_fp8_emu.py:
  *
  *     quant_emu SEED     prints one line per failure and "N passed, N failed"
@@ -40,7 +41,10 @@ std::vector<uint16_t> make_input(Rng& rng, int64_t M, int64_t N) {
         const int centre = kind == 0 ? 1 : kind == 1 ? 20 : 100 + rng.below(80); /* subnormal-ish, tiny, normal */
         for (int64_t c = 0; c < N; ++c) {
             uint16_t v = 0;
-            if (kind != 2 && rng.below(9) != 0) {
+            if (kind == 3) {
+                /* quotients below float's normal range: +-(smallest subnormal) next to 1024 */
+                v = c % 64 == 0 ? 0x4480 : (rng.below(2) ? 0x0001 : 0x8001);
+            } else if (kind != 2 && rng.below(9) != 0) {
                 int e = centre - 6 + rng.below(13);
                 if (e < 0) e = 0;
                 if (e > 254) e = 254;
