@@ -10,9 +10,9 @@
  * bf16 (the data path's dtype) runs the tile kernels of quant/quantize_bf16_tile.cuh, written to
  * reach the memory's speed; they also make the row-wise and column-wise copies in one pass
  * (mok_quantize_fp8_rowcol_cuda). The other dtypes keep the simple kernels below:
- * 1xB: B / 8 threads per block, 8 consecutive columns each (one 16-byte load for bf16 rows with
- * N % 8 == 0), amax by shuffles inside the group (max is exact in any order). BxB: one CTA per
- * tile, 64 values per thread held in registers between the amax and the encoding.
+ * 1xB: B / 8 threads per block, 8 consecutive columns each, amax by shuffles inside the group (max
+ * is exact in any order). BxB: one CTA per tile, 64 values per thread held in registers between
+ * the amax and the encoding.
  */
 #include <stdint.h>
 #include <cuda_runtime.h>
