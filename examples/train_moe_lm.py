@@ -7,6 +7,7 @@ both loss curves.
     python examples/train_moe_lm.py                          # ~0.9B parameters, bf16, on the GPU
     python examples/train_moe_lm.py --impl mok --steps 500
     python examples/train_moe_lm.py --quick                  # tiny model, CPU smoke test
+    python examples/train_moe_lm.py --recipe blockwise       # mok's experts with FP8 forward GEMMs
 
 Model: token embedding -> N x [RMSNorm -> causal attention (QK-RMSNorm, rotary, SDPA) -> residual,
 RMSNorm -> mok.MoE (softmax top-k router, SwiGLU experts) -> residual] -> RMSNorm -> LM head.
@@ -106,7 +107,7 @@ class Block(nn.Module):
         super().__init__()
         self.attn_norm, self.moe_norm = nn.RMSNorm(args.hidden), nn.RMSNorm(args.hidden)
         self.attn = Attention(args.hidden, args.heads, rope=args.rope)
-        self.moe = mok.MoE(args.hidden, args.inter, args.experts, args.top_k)
+        self.moe = mok.MoE(args.hidden, args.inter, args.experts, args.top_k, recipe=args.recipe)
 
     def forward(self, x, cos, sin):
         x = x + self.attn(self.attn_norm(x), cos, sin)
@@ -264,6 +265,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default=None, help="default: bf16 on CUDA, fp32 on CPU")
     p.add_argument("--impl", choices=("both",) + IMPLS, default="both")
+    p.add_argument("--recipe", choices=("bf16", "blockwise"), default="bf16",
+                   help="mok's expert recipe (blockwise: FP8 forward GEMMs, BF16 backward); the baseline stays bf16")
     p.add_argument("--out", default=os.path.join(ROOT, "examples", "out", "train_moe_lm"))
     p.add_argument("--timing-skip", type=int, default=5, help="first steps left out of tokens/s")
     p.add_argument("--log-every", type=int, default=10)
@@ -273,6 +276,8 @@ def parse_args(argv=None):
     if args.quick:
         args.steps, args.batch, args.seq, args.layers = min(args.steps, 30), 4, 64, 2
         args.hidden, args.heads, args.experts, args.top_k, args.inter, args.vocab = 64, 4, 8, 2, 32, 256
+        if args.recipe == "blockwise":  # whole 128-wide FP8 scale blocks, bf16
+            args.hidden, args.inter, args.dtype = 128, 128, "bf16"
         args.lr, args.timing_skip, args.log_every = 3e-3, 3, 5
     args.data_vocab = min(args.data_vocab, args.vocab)
     args.heads = args.heads or max(1, args.hidden // 128)
@@ -330,7 +335,8 @@ def main(argv=None):
                ("peak_gib", "peak GiB", ".2f"), ("ratio", "tokens/s vs baseline", ".2f")]
     print("\n" + common.format_table(rows, columns))
     summary = dict(title=f"MoE LM {total / 1e6:.0f}M params ({active / 1e6:.0f}M active), {args.layers}L "
-                         f"E{args.experts} top-{args.top_k}, {args.batch}x{args.seq} tokens/step, {env['device']}",
+                         f"E{args.experts} top-{args.top_k}, {args.batch}x{args.seq} tokens/step, {env['device']}"
+                         + (f", mok recipe {args.recipe}" if args.recipe != "bf16" else ""),
                    env=env, args=vars(args), params_total=total, params_active=active, loss_floor=chain_entropy(),
                    results={n: {k: v for k, v in r.items() if k != "losses"} for n, r in runs.items()})
     if len(runs) == 2:
@@ -338,6 +344,10 @@ def main(argv=None):
         n = min(20, len(a))
         summary["max_abs_loss_diff_first_20_steps"] = max(abs(x - y) for x, y in zip(a[:n], b[:n]))
         summary["tokens_per_s_ratio_mok_vs_baseline"] = runs["mok"]["tokens_per_s"] / ref
+        fa, fb = runs["mok"]["final_loss"], runs["baseline"]["final_loss"]
+        summary["final_loss_rel_diff"] = abs(fa - fb) / abs(fb)
+        print(f"final loss (last 10 steps): mok {fa:.4f}, baseline {fb:.4f}, relative difference "
+              f"{summary['final_loss_rel_diff']:.2%}")
         print(f"\nmax |loss(mok) - loss(baseline)| over the first {n} steps: "
               f"{summary['max_abs_loss_diff_first_20_steps']:.4f} (same init and data; bf16 rounding differs)")
     write_outputs(args.out, runs, summary)

@@ -1,5 +1,6 @@
 """The routed experts under the "blockwise" FP8 recipe (DeepSeek-V3's scaling): both expert GEMMs
-of the forward run on E4M3 operands, the backward in BF16.
+of the forward run on E4M3 operands; the backward in BF16, or with its two dgrad GEMMs in FP8 too
+(fp8_dgrad=True).
 
     x_rows = gather(x)                                     bf16 [R, H] (also the wgrad operand)
     h      = FP8GEMM(q(x_rows), Q(gate_up))                 q: 1 x 128 scales, Q: 128 x 128 scales
@@ -9,8 +10,12 @@ of the forward run on E4M3 operands, the backward in BF16.
 
 The backward is the BF16 path's, on the saved bf16 tensors (x_rows, h, act) and the bf16 weights:
 dgrad and weight gradient of each GEMM with mok's BF16 kernels ("FP8 forward, BF16 backward": the
-gradients are those of the BF16 formulas at the FP8 forward's activations). An FP8 backward (dgrad
-and wgrad on the column-wise copies) is not built yet.
+gradients are those of the BF16 formulas at the FP8 forward's activations). With fp8_dgrad=True the
+two dgrad GEMMs run on the same FP8 kernel: the incoming gradient quantised 1 x 128 along the GEMM's
+K, the weight's codes transposed per expert (a 128 x 128 block of W^T is the transposed block of W
+with the same scale, so these are exactly the codes of quantize(W^T)); the weight gradients stay in
+BF16 (their contraction runs over each expert's tokens, which needs column-wise copies and a
+ragged-K FP8 kernel: not built yet).
 
 Weights are quantised once per version: the codes and scales are cached on the weight tensor and
 reused until the tensor changes in place (an optimizer step bumps its version counter) or is
@@ -37,23 +42,39 @@ def quantize_expert_weight(w):
     return q.view(E, N, K), s.view(E, N // BLOCK, K // BLOCK)
 
 
+def transpose_expert_codes(q, s):
+    """The blockwise codes of W^T [E, K, N] from those of W [E, N, K]: blocks and scales transpose."""
+    return q.transpose(1, 2).contiguous(), s.transpose(1, 2).contiguous()
+
+
 _CACHE_ATTR = "_mok_fp8_blockwise"
+_CACHE_ATTR_T = "_mok_fp8_blockwise_t"
+
+
+def _cached(w, attr, make):
+    """make(w), kept on w and reused while w keeps its storage and version (no cache under compile)."""
+    if torch.compiler.is_compiling():
+        return make(w)
+    key = (w._version, w.data_ptr(), tuple(w.shape))
+    hit = getattr(w, attr, None)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    value = make(w)
+    try:
+        setattr(w, attr, (key, value))
+    except (AttributeError, RuntimeError):  # a tensor that takes no attributes: no cache
+        pass
+    return value
 
 
 def cached_expert_weight(w):
     """quantize_expert_weight(w), reused while w keeps its storage and version."""
-    if torch.compiler.is_compiling():
-        return quantize_expert_weight(w)
-    key = (w._version, w.data_ptr(), tuple(w.shape))
-    hit = getattr(w, _CACHE_ATTR, None)
-    if hit is not None and hit[0] == key:
-        return hit[1], hit[2]
-    q, s = quantize_expert_weight(w)
-    try:
-        setattr(w, _CACHE_ATTR, (key, q, s))
-    except (AttributeError, RuntimeError):  # a tensor that takes no attributes: no cache
-        pass
-    return q, s
+    return _cached(w, _CACHE_ATTR, quantize_expert_weight)
+
+
+def cached_expert_weight_t(w):
+    """The codes of w^T per expert (for the FP8 dgrad), reused like cached_expert_weight."""
+    return _cached(w, _CACHE_ATTR_T, lambda t: transpose_expert_codes(*cached_expert_weight(t)))
 
 
 def _fp8_mm(a, w_q, w_s, offsets):
@@ -64,48 +85,56 @@ def _fp8_mm(a, w_q, w_s, offsets):
 
 class _Fp8GateUp(torch.autograd.Function):
     """h = x_rows @ gate_up[e]^T in FP8; backward as mok's BF16 _GateUp (d_x summed over each
-    token's rows, d_gate_up over x_rows)."""
+    token's rows, d_gate_up over x_rows), its dgrad in FP8 when the transposed codes are given."""
 
     @staticmethod
-    def forward(ctx, x, gate_up, src_of_row, row_of, top_k, offsets, x_rows, w_q, w_s):
+    def forward(ctx, x, gate_up, src_of_row, row_of, top_k, offsets, x_rows, w_q, w_s, wt_q, wt_s):
         h = _fp8_mm(x_rows, w_q, w_s, offsets)
-        ctx.save_for_backward(x, gate_up, src_of_row, row_of, offsets, x_rows)
+        ctx.save_for_backward(x, gate_up, src_of_row, row_of, offsets, x_rows, wt_q, wt_s)
         ctx.top_k = top_k
         ctx.set_materialize_grads(False)
         return h
 
     @staticmethod
     def backward(ctx, d_h):
-        x, gate_up, src_of_row, row_of, offsets, x_rows = ctx.saved_tensors
+        x, gate_up, src_of_row, row_of, offsets, x_rows, wt_q, wt_s = ctx.saved_tensors
         if d_h is None:
-            return (None,) * 9
-        d_x, d_w = gate_up_backward(d_h.contiguous(), x, src_of_row, row_of, ctx.top_k, gate_up, offsets, x_rows,
-                                    ctx.needs_input_grad[0], ctx.needs_input_grad[1])
-        return d_x, d_w, None, None, None, None, None, None, None
+            return (None,) * 11
+        d_h = d_h.contiguous()
+        fp8_dgrad = wt_q is not None and ctx.needs_input_grad[0]
+        d_x, d_w = gate_up_backward(d_h, x, src_of_row, row_of, ctx.top_k, gate_up, offsets, x_rows,
+                                    ctx.needs_input_grad[0] and not fp8_dgrad, ctx.needs_input_grad[1])
+        if fp8_dgrad:
+            d_x = ops.combine(_fp8_mm(d_h, wt_q, wt_s, offsets), row_of, src_of_row, None)
+        return d_x, d_w, None, None, None, None, None, None, None, None, None
 
 
 class _Fp8Down(torch.autograd.Function):
-    """rows = act @ down[e]^T in FP8; backward as mok.grouped_mm's (NT) in BF16."""
+    """rows = act @ down[e]^T in FP8; backward as mok.grouped_mm's (NT) in BF16, its dgrad in FP8
+    when the transposed codes are given."""
 
     @staticmethod
-    def forward(ctx, act, down, offsets, w_q, w_s):
+    def forward(ctx, act, down, offsets, w_q, w_s, wt_q, wt_s):
         rows = _fp8_mm(act, w_q, w_s, offsets)
-        ctx.save_for_backward(act, down, offsets)
+        ctx.save_for_backward(act, down, offsets, wt_q, wt_s)
         ctx.set_materialize_grads(False)
         return rows
 
     @staticmethod
     def backward(ctx, d_rows):
-        act, down, offsets = ctx.saved_tensors
+        act, down, offsets, wt_q, wt_s = ctx.saved_tensors
         if d_rows is None:
-            return (None,) * 5
+            return (None,) * 7
         d_rows = d_rows.contiguous()
         d_act = d_down = None
         if ctx.needs_input_grad[0]:
-            d_act = ops.grouped_mm(d_rows, None, 1, down, offsets, False)
+            if wt_q is not None:
+                d_act = _fp8_mm(d_rows, wt_q, wt_s, offsets)
+            else:
+                d_act = ops.grouped_mm(d_rows, None, 1, down, offsets, False)
         if ctx.needs_input_grad[1]:
             d_down = ops.grouped_mm_wgrad(d_rows, act, None, 1, offsets)
-        return d_act, d_down, None, None, None
+        return d_act, d_down, None, None, None, None, None
 
 
 def check_blockwise_args(x, gate_up_proj):
@@ -120,7 +149,7 @@ def check_blockwise_args(x, gate_up_proj):
         )
 
 
-def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj):
+def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj, fp8_dgrad=False):
     """y [T, H] of the routed experts under the blockwise recipe (inputs already checked)."""
     acc = torch.float32
     x = x.contiguous()
@@ -129,7 +158,12 @@ def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj):
     x_rows = ops.gather_rows(x.detach(), plan.src_of_row, None, top_k)
     w1_q, w1_s = cached_expert_weight(gate_up_proj)
     w2_q, w2_s = cached_expert_weight(down_proj)
-    h = _Fp8GateUp.apply(x, gate_up_proj, plan.src_of_row, plan.row_of, top_k, plan.offsets, x_rows, w1_q, w1_s)
+    w1t_q = w1t_s = w2t_q = w2t_s = None
+    if fp8_dgrad and torch.is_grad_enabled():
+        w1t_q, w1t_s = cached_expert_weight_t(gate_up_proj)
+        w2t_q, w2t_s = cached_expert_weight_t(down_proj)
+    h = _Fp8GateUp.apply(x, gate_up_proj, plan.src_of_row, plan.row_of, top_k, plan.offsets, x_rows, w1_q, w1_s,
+                         w1t_q, w1t_s)
     act = ops.swiglu(h)
-    rows = _Fp8Down.apply(act, down_proj, plan.offsets, w2_q, w2_s)
+    rows = _Fp8Down.apply(act, down_proj, plan.offsets, w2_q, w2_s, w2t_q, w2t_s)
     return ops.combine(rows, plan.row_of, plan.src_of_row, topk_w.to(acc).contiguous())

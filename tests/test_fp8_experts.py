@@ -80,6 +80,56 @@ def test_blockwise_experts_match_the_fp8_emulation(device, case):
         assert rel_err(got, ref) < TOL_EMULATION, name
 
 
+def _swiglu_backward(h, d_act):
+    """float64 SwiGLU backward of bf16 h, d_act (d_h = [d_gate | d_up])."""
+    gate, up = h.chunk(2, dim=-1)
+    sig = torch.sigmoid(gate)
+    d_gate = d_act * up * sig * (1 + gate * (1 - sig))
+    return torch.cat([d_gate, d_act * gate * sig], dim=-1)
+
+
+def _emulate_fp8_dgrad(x, idx, w, gate_up, down, g):
+    """Gradients (x, topk_w, gate_up, down) of the recipe with fp8_dgrad=True, in float64 with the
+    kernels' bf16 roundings: d_rows = bf16(w g); d_act = bf16(q(d_rows) Q(down)); d_h =
+    bf16(SwiGLU'(h, d_act)); d_x = sum_k bf16(q(d_h) Q(gate_up)); weight gradients in BF16 math."""
+    bf = lambda t: t.bfloat16().double()  # noqa: E731
+    x64, w64, gu64, dn64, g64 = (t.detach().double().cpu() for t in (x, w, gate_up, down, g))
+    idx = idx.long().cpu()
+    xq, gu_q, dn_q = _dq(x, "blockwise_1x128"), _dq_weight(gate_up), _dq_weight(down)
+    d_x, d_w = torch.zeros_like(x64), torch.zeros_like(w64)
+    d_gu, d_dn = torch.zeros_like(gu64), torch.zeros_like(dn64)
+    for k in range(idx.shape[1]):
+        e = idx[:, k]
+        h = bf(torch.einsum("th,tnh->tn", xq, gu_q[e]))
+        act = bf(R.swiglu(h))
+        rows = bf(torch.einsum("ti,thi->th", _dq(act, "blockwise_1x128"), dn_q[e]))
+        d_w[:, k] = (g64 * rows).sum(-1)
+        d_rows = bf(g64 * w64[:, k : k + 1])
+        d_act = bf(torch.einsum("th,thi->ti", _dq(d_rows, "blockwise_1x128"), dn_q[e]))
+        d_h = bf(_swiglu_backward(h, d_act))
+        d_x += bf(torch.einsum("tn,tnh->th", _dq(d_h, "blockwise_1x128"), gu_q[e]))
+        d_dn.index_add_(0, e, torch.einsum("th,ti->thi", d_rows, act))
+        d_gu.index_add_(0, e, torch.einsum("tn,th->tnh", d_h, x64))
+    return d_x, d_w, d_gu, d_dn
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES[1:], ids=str)
+def test_fp8_dgrad_matches_its_emulation(device, case):
+    x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16, device=device, requires_grad=True)
+    y = mok.functional.moe_experts(x, idx, w, gu, dn, recipe="blockwise", fp8_dgrad=True)
+    y_bf16_bwd = mok.functional.moe_experts(x, idx, w, gu, dn, recipe="blockwise")
+    assert torch.equal(y, y_bf16_bwd)  # the forward does not change
+    g = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, w, gu, dn), g)
+    for name, got, ref in zip(("x", "topk_w", "gate_up_proj", "down_proj"), grads, _emulate_fp8_dgrad(x, idx, w, gu,
+                                                                                                        dn, g)):
+        assert rel_err(got, ref) < TOL_EMULATION, name
+    # and the dgrad really ran in FP8: d_x is off the BF16-backward one by about an E4M3 step
+    d_x_bf16 = torch.autograd.grad(y_bf16_bwd, x, g)[0]
+    assert 1e-2 < rel_err(grads[0], d_x_bf16) < 0.12
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_blockwise_is_deterministic_and_compiles(device):
     case = MoECase(96, 128, 256, 8, 2)
@@ -123,6 +173,8 @@ def test_blockwise_input_errors_name_the_argument():
         mok.functional.moe_experts(x, idx, w, gu, dn, recipe="blockwise")
     with pytest.raises(ValueError, match="recipe"):
         mok.MoE(128, 128, 4, 2, recipe="mxfp4")
+    with pytest.raises(ValueError, match="fp8_dgrad"):
+        mok.functional.moe_experts(x, idx, w, gu, dn, fp8_dgrad=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
