@@ -156,7 +156,7 @@ static float run(const problem& p, int iters, std::vector<uint16_t>* out_host) {
     prm.R = p.R;
     prm.N = p.N;
     prm.Kd = p.K;
-    prm.num_n_tiles = p.N / f::BN;
+    prm.num_n_tiles = (p.N + f::BN - 1) / f::BN;
     prm.num_kb = p.K / f::BK;
     prm.error_flag = NULL;
     const int smem = (int)sizeof(f::smem_layout) + 1024;

@@ -25,7 +25,7 @@ extern "C" int mok_grouped_gemm_fp8_supported(const struct mok_grouped_gemm_fp8_
     const char* env = getenv("MOK_DISABLE_SM90");
     if (env && env[0] && env[0] != '0') return 0;
     if (a->R < 0 || a->E < 1 || a->E > MOK_INT32_LIMIT || a->R > MOK_INT32_LIMIT) return 0;
-    if (a->K <= 0 || a->N <= 0 || a->K % f8::BK || a->N % f8::BN) return 0;
+    if (a->K <= 0 || a->N <= 0 || a->K % f8::BK || a->N % f8::SCALE_BLOCK) return 0;
     if (!pointers_aligned(a)) return 0;
     return mok_tma::is_hopper() && mok_tma::encode_fn() != NULL;
 }
@@ -35,7 +35,7 @@ extern "C" int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args*
     if (a->R == 0) return MOK_OK;
     MOK_CHECK_ARG(a->a != NULL && a->sa != NULL && a->b != NULL && a->sb != NULL && a->offsets != NULL &&
                   a->out != NULL);
-    MOK_CHECK_ARG(a->K % f8::BK == 0 && a->N % f8::BN == 0 && pointers_aligned(a));
+    MOK_CHECK_ARG(a->K % f8::BK == 0 && a->N % f8::SCALE_BLOCK == 0 && pointers_aligned(a));
 
     CUtensorMap tma_a, tma_b, tma_out;
     {
@@ -68,7 +68,7 @@ extern "C" int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args*
     p.R = a->R;
     p.N = a->N;
     p.Kd = a->K;
-    p.num_n_tiles = a->N / f8::BN;
+    p.num_n_tiles = mok_ceil_div(a->N, f8::BN);
     p.num_kb = a->K / f8::BK;
     p.error_flag = a->error_flag;
 

@@ -33,11 +33,19 @@ namespace mok_sm90_fp8 {
 
 using mok_sm90::epi_stager;
 
+/* MOK_SM90_FP8_BN: the tile's width, 128 (default) or 192 (an experiment: 17% fewer operand bytes
+ * per MAC, 96 + 96 fp32 accumulators per thread, 4 stages; a tile then spans two 128-wide scale
+ * blocks of B). */
+#ifndef MOK_SM90_FP8_BN
+#define MOK_SM90_FP8_BN 128
+#endif
+
 enum {
     BM = 128,
-    BN = 128,
+    BN = MOK_SM90_FP8_BN,
     BK = 128, /* bytes of FP8 along K: one 128B swizzle row */
-    kStages = 5,
+    SCALE_BLOCK = 128,
+    kStages = BN == 128 ? 5 : 4,
     kThreads = 384,
     kProducerRegs = 40,
     kConsumerRegs = 232,
@@ -50,12 +58,14 @@ struct smem_layout {
     uint8_t b[kStages][BN * BK];
     __nv_bfloat16 epi[2][mok_sm90::kEpiBufs][64 * 64];
     float sa[kStages][BM]; /* A scales of the stage's K-block, one per tile row */
-    float sb[kStages][4];  /* the B scale of the stage's K-block (padded to 16 bytes) */
+    float sb[kStages][4];  /* the B scales of the stage's K-block: the tile's first and (BN > 128) second
+                              128-column block (padded to 16 bytes) */
     uint64_t full[kStages];
     uint64_t empty[kStages];
 };
 static_assert(sizeof(smem_layout) + 1024 <= 227 * 1024, "shared memory budget of one CTA");
 static_assert(STAGE_A_BYTES % 1024 == 0 && STAGE_B_BYTES % 1024 == 0, "stage buffers keep 1024-byte alignment");
+static_assert(BN == 128 || BN == 192, "tile widths with a wgmma wrapper: 128, 192");
 
 struct params {
     const float* sa;        /* [R, Kd / 128] */
@@ -63,7 +73,7 @@ struct params {
     const int32_t* offsets; /* [E + 1], multiples of 128 */
     int32_t E;
     int64_t R, N, Kd;
-    int64_t num_n_tiles, num_kb;
+    int64_t num_n_tiles, num_kb; /* ceil(N / BN), Kd / 128 */
     int32_t* error_flag; /* host-mapped error word or NULL */
 };
 
@@ -82,7 +92,12 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
         const int64_t row = tile.m0 + tid;
         const bool row_ok = row < p.R;
         const float* sa_row = p.sa + (row_ok ? row : 0) * p.num_kb;
-        const float* sb_tile = p.sb + ((int64_t)e * p.num_n_tiles + tile.n_tile) * p.num_kb;
+        /* the tile's B scale blocks: the one of its first column, and (BN > 128) the next one, clamped
+         * to the last block (a partial last tile stores no column of a block past N) */
+        const int64_t n_blocks = p.N / SCALE_BLOCK, blk0 = tile.n_tile * BN / SCALE_BLOCK;
+        const int64_t blk1 = blk0 + 1 < n_blocks ? blk0 + 1 : blk0;
+        const float* sb_tile0 = p.sb + ((int64_t)e * n_blocks + blk0) * p.num_kb;
+        const float* sb_tile1 = p.sb + ((int64_t)e * n_blocks + blk1) * p.num_kb;
         for (int64_t kb = 0; kb < p.num_kb; ++kb) {
             mbarrier_wait_parity(&s.empty[stage], phase ^ 1);
             const int32_t k0 = (int32_t)(kb * BK);
@@ -90,8 +105,9 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
                 mbarrier_arrive_expect_tx(&s.full[stage], STAGE_A_BYTES + STAGE_B_BYTES);
                 tma_load_2d(&s.a[stage][0], tma_a, &s.full[stage], k0, (int32_t)tile.m0);
                 tma_load_3d(&s.b[stage][0], tma_b, &s.full[stage], k0, (int32_t)(tile.n_tile * BN), e);
-                cp_async_4(&s.sb[stage][0], sb_tile + kb, 4u);
+                cp_async_4(&s.sb[stage][0], sb_tile0 + kb, 4u);
             }
+            if (BN > SCALE_BLOCK && tid == 1) cp_async_4(&s.sb[stage][1], sb_tile1 + kb, 4u);
             /* rows past R: a zero scale (their A rows are zero-filled by TMA anyway) */
             cp_async_4(&s.sa[stage][tid], row_ok ? sa_row + kb : p.sa, row_ok ? 4u : 0u);
             cp_async_mbarrier_arrive_noinc(&s.full[stage]);
@@ -113,20 +129,27 @@ __device__ __forceinline__ void mma_kblock(float (&part)[BN / 2], uint32_t a_add
 #pragma unroll
     for (int k32 = 0; k32 < BK / 32; ++k32) {
         /* NOTE: a K step of 32 FP8 values is 32 bytes inside the 128-byte swizzled row */
-        wgmma_m64n128k32_f32_e4m3(part, wgmma_desc_kmajor_sw128(a_addr + k32 * 32),
-                                  wgmma_desc_kmajor_sw128(b_addr + k32 * 32), k32 > 0 ? 1 : 0);
+        const uint64_t da = wgmma_desc_kmajor_sw128(a_addr + k32 * 32), db = wgmma_desc_kmajor_sw128(b_addr + k32 * 32);
+        if (BN == 128) wgmma_m64n128k32_f32_e4m3(part, da, db, k32 > 0 ? 1 : 0);
+        else wgmma_m64n192k32_f32_e4m3(part, da, db, k32 > 0 ? 1 : 0);
     }
     wgmma_commit_group();
 }
 
-/* FP32 promotion of a finished K-block: acc += part * sa[row] * sb (rows r_lo and r_lo + 8).
+/* FP32 promotion of a finished K-block: acc += part * sa[row] * sb[column block] (rows r_lo and
+ * r_lo + 8). Registers 4g..4g+3 hold columns 8g + 2 (lane % 4) + {0, 1}: the group's columns are in
+ * the first scale block when 8g < split (a multiple of 8), whatever the lane.
  * NOTE: part's wgmma group must have retired (wait_group); the operand fence keeps the reads after
  * that wait. */
-__device__ __forceinline__ void promote(float (&acc)[BN / 2], float (&part)[BN / 2], float s0, float s1) {
+__device__ __forceinline__ void promote(float (&acc)[BN / 2], float (&part)[BN / 2], float sa0, float sa1,
+                                        float sb0, float sb1, int split) {
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) wgmma_fence_operand(part[i]);
+    const float s0a = sa0 * sb0, s1a = sa1 * sb0, s0b = sa0 * sb1, s1b = sa1 * sb1;
 #pragma unroll
     for (int i = 0; i < BN / 2; i += 4) {
+        const bool first = BN == SCALE_BLOCK || 2 * i < split; /* column 8 (i / 4) */
+        const float s0 = first ? s0a : s0b, s1 = first ? s1a : s1b;
         acc[i] = fmaf(part[i], s0, acc[i]);
         acc[i + 1] = fmaf(part[i + 1], s0, acc[i + 1]);
         acc[i + 2] = fmaf(part[i + 2], s1, acc[i + 2]);
@@ -154,6 +177,7 @@ struct ring_pos {
 #ifndef MOK_SM90_FP8_OVERLAP
 #define MOK_SM90_FP8_OVERLAP 0
 #endif
+static_assert(!(MOK_SM90_FP8_OVERLAP && BN > 128), "two partial accumulators of 96 and the final one do not fit");
 
 __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used,
                                         const CUtensorMap* tma_out) {
@@ -175,9 +199,10 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
         mma_kblock(part, a_base + at.stage * STAGE_A_BYTES, b_base + at.stage * STAGE_B_BYTES);
     };
     /* promote the finished K-block of the stage at pos, then hand the stage back */
+    int split = SCALE_BLOCK; /* the tile's columns [0, split) are in its first B scale block */
     auto retire = [&](float (&part)[BN / 2], const ring_pos& at) {
-        const float sb = s.sb[at.stage][0];
-        promote(acc, part, s.sa[at.stage][r_lo] * sb, s.sa[at.stage][r_lo + 8] * sb);
+        promote(acc, part, s.sa[at.stage][r_lo], s.sa[at.stage][r_lo + 8], s.sb[at.stage][0],
+                BN > SCALE_BLOCK ? s.sb[at.stage][1] : 0.f, split);
         /* one arrival per consumer warp: tiles and scales of the stage are read */
         if (lane == 0) mbarrier_arrive(&s.empty[at.stage]);
     };
@@ -189,6 +214,7 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
         /* tiles past the rows in use or before offsets[0]: no mainloop (the producer skips them
          * too), the epilogue stores zeros */
         const bool compute = tile.in_use && mok_expert_of_row(p.offsets, p.E, tile.m0) >= 0;
+        split = SCALE_BLOCK - (int)(tile.n_tile * BN % SCALE_BLOCK);
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
         /* NOTE: a value that ptxas sees as warp-uniform (a shuffle from lane 0): branches on it around
