@@ -1,5 +1,6 @@
 """FP8 numerics of mok's recipes (the C core on the CPU, CUDA kernels on the GPU, bit-exact with
-each other; the FP8 GEMMs and recipes in the layer are not done yet):
+each other). The blockwise grouped GEMM is mok.fp8_gemm; the layers' recipe="blockwise" runs on
+both. MXFP8 has numerics only (no GEMM, no layer recipe yet):
 
 - "blockwise_1x128": E4M3 values, one fp32 scale per 1x128 block along the last dim (activations);
 - "blockwise_128x128": E4M3 values, one fp32 scale per 128x128 tile (weights);
