@@ -27,19 +27,17 @@ import torch
 
 from ._gate_up import gate_up_backward
 from ._ops import ops
+from .fp8_gemm import quantize_weight_blockwise
 
 RECIPES = ("bf16", "blockwise")
 ACT_RECIPE = "blockwise_1x128"
-WEIGHT_RECIPE = "blockwise_128x128"
 BLOCK = 128
 
 
 def quantize_expert_weight(w):
     """(codes [E, N, K] e4m3, scales [E, N / 128, K / 128] fp32) of an expert weight [E, N, K]:
     128 x 128 blocks, which never straddle two experts as N % 128 == 0."""
-    E, N, K = w.shape
-    q, s = ops.quantize_fp8(w.detach().reshape(E * N, K), WEIGHT_RECIPE)
-    return q.view(E, N, K), s.view(E, N // BLOCK, K // BLOCK)
+    return quantize_weight_blockwise(w.detach())
 
 
 def transpose_expert_codes(q, s):

@@ -1,6 +1,7 @@
-"""FP8 blockwise grouped GEMM (DeepSeek-V3's recipe), forward only: the op exists on the CPU (the C
-core) and on CUDA (the sm_90a kernel). recipe="blockwise" of mok.functional.moe_experts and the
-layers runs its forward expert GEMMs on it (its backward is BF16); there are no FP8 backward GEMMs yet.
+"""FP8 blockwise grouped GEMM (DeepSeek-V3's recipe): the op exists on the CPU (the C core) and on
+CUDA (the sm_90a kernel); it has no autograd formula. recipe="blockwise" of mok.functional.moe_experts
+and the layers runs its forward expert GEMMs on it, and with fp8_dgrad=True also the backward's dgrad
+GEMMs (on the weights' transposed codes); there is no FP8 weight-gradient GEMM yet.
 
     a_q, a_scales = mok.fp8.quantize(rows, "blockwise_1x128")          # rows [R, K]
     b_q, b_scales = mok.fp8_gemm.quantize_weight_blockwise(w)         # w [E, N, K]

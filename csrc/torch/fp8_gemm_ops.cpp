@@ -1,4 +1,5 @@
-// FP8 blockwise grouped GEMM op (forward only; the recipe in the MoE layer is not wired yet):
+// FP8 blockwise grouped GEMM op (no autograd formula; recipe="blockwise" of the layers calls it for
+// the forward GEMMs and, with fp8_dgrad=True, the dgrad GEMMs: mok/_fp8_experts.py):
 //
 //   grouped_mm_fp8(a [R, K] e4m3, a_scales [R, K/128] f32, b [E, N, K] e4m3,
 //                  b_scales [E, N/128, K/128] f32, offsets [E + 1] i32) -> out [R, N] bf16
