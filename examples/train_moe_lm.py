@@ -8,6 +8,7 @@ both loss curves.
     python examples/train_moe_lm.py --impl mok --steps 500
     python examples/train_moe_lm.py --quick                  # tiny model, CPU smoke test
     python examples/train_moe_lm.py --recipe blockwise       # mok's experts with FP8 forward GEMMs
+    python examples/train_moe_lm.py --impl all               # mok BF16, mok FP8 (blockwise), baseline
 
 Model: token embedding -> N x [RMSNorm -> causal attention (QK-RMSNorm, rotary, SDPA) -> residual,
 RMSNorm -> mok.MoE (softmax top-k router, SwiGLU experts) -> residual] -> RMSNorm -> LM head.
@@ -40,7 +41,7 @@ except ImportError:  # plain prints instead
     tqdm = None
 
 SUCCESSOR_PROBS = (0.5, 0.25, 0.15, 0.1)
-IMPLS = ("mok", "baseline")
+IMPLS = ("mok", "mok_fp8", "baseline")  # mok_fp8: mok's layers with recipe="blockwise"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -135,8 +136,11 @@ class MoELM(nn.Module):
 
 
 def build_model(args, impl, device, dtype):
-    """The same module tree for both implementations: 'baseline' swaps each MoE's experts for
-    GroupedMMExperts, which has the same parameters and state-dict keys."""
+    """The same module tree for every implementation: 'baseline' swaps each MoE's experts for
+    GroupedMMExperts, which has the same parameters and state-dict keys; 'mok_fp8' is mok with
+    recipe="blockwise" (same parameters)."""
+    if impl == "mok_fp8":
+        args = argparse.Namespace(**{**vars(args), "recipe": "blockwise"})
     with torch.device(device):
         model = MoELM(args)
         if impl == "baseline":
@@ -264,7 +268,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default=None, help="default: bf16 on CUDA, fp32 on CPU")
-    p.add_argument("--impl", choices=("both",) + IMPLS, default="both")
+    p.add_argument("--impl", choices=("both", "all") + IMPLS, default="both",
+                   help="both: mok and baseline; all: mok, mok_fp8 (recipe blockwise) and baseline")
     p.add_argument("--recipe", choices=("bf16", "blockwise"), default="bf16",
                    help="mok's expert recipe (blockwise: FP8 forward GEMMs, BF16 backward); the baseline stays bf16")
     p.add_argument("--out", default=os.path.join(ROOT, "examples", "out", "train_moe_lm"))
@@ -278,6 +283,8 @@ def parse_args(argv=None):
         args.hidden, args.heads, args.experts, args.top_k, args.inter, args.vocab = 64, 4, 8, 2, 32, 256
         if args.recipe == "blockwise":  # whole 128-wide FP8 scale blocks, bf16
             args.hidden, args.inter, args.dtype = 128, 128, "bf16"
+    if args.impl in ("all", "mok_fp8") and args.quick:
+        args.hidden, args.inter, args.dtype = 128, 128, "bf16"
         args.lr, args.timing_skip, args.log_every = 3e-3, 3, 5
     args.data_vocab = min(args.data_vocab, args.vocab)
     args.heads = args.heads or max(1, args.hidden // 128)
@@ -290,7 +297,7 @@ def main(argv=None):
     args = parse_args(argv)
     device = common.pick_device(args.device)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
-    impls = list(IMPLS) if args.impl == "both" else [args.impl]
+    impls = {"both": ["mok", "baseline"], "all": list(IMPLS)}.get(args.impl, [args.impl])
     env = common.environment(device)
     common.print_environment(env)
 
@@ -339,7 +346,15 @@ def main(argv=None):
                          + (f", mok recipe {args.recipe}" if args.recipe != "bf16" else ""),
                    env=env, args=vars(args), params_total=total, params_active=active, loss_floor=chain_entropy(),
                    results={n: {k: v for k, v in r.items() if k != "losses"} for n, r in runs.items()})
-    if len(runs) == 2:
+    if "mok" in runs and "mok_fp8" in runs:
+        # FP8 against BF16 on the same layers, init and data (mok is deterministic)
+        f8, b16 = runs["mok_fp8"]["final_loss"], runs["mok"]["final_loss"]
+        summary["final_loss_rel_diff_fp8_vs_bf16"] = abs(f8 - b16) / abs(b16)
+        summary["tokens_per_s_ratio_fp8_vs_bf16"] = runs["mok_fp8"]["tokens_per_s"] / runs["mok"]["tokens_per_s"]
+        print(f"final loss (last 10 steps): mok FP8 {f8:.4f}, mok BF16 {b16:.4f}, relative difference "
+              f"{summary['final_loss_rel_diff_fp8_vs_bf16']:.2%}; tokens/s FP8 / BF16 "
+              f"{summary['tokens_per_s_ratio_fp8_vs_bf16']:.2f}")
+    if "mok" in runs and "baseline" in runs:
         a, b = runs["mok"]["losses"], runs["baseline"]["losses"]
         n = min(20, len(a))
         summary["max_abs_loss_diff_first_20_steps"] = max(abs(x - y) for x, y in zip(a[:n], b[:n]))
