@@ -7,6 +7,11 @@
  *   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda \
  *        -o /tmp/fp8_check benchmarks/sm90_fp8_gemm_check.cu -lcuda && /tmp/fp8_check
  *   /tmp/fp8_check R E N K        (the timed problem; default: DeepSeek-V3 slice GEMM1, 65536 32 4096 7168)
+ *
+ * Compile-time variants: -DMOK_SM90_FP8_BN=192 (tile width), -DMOK_SM90_FP8_OVERLAP=1 (two partial
+ * accumulators), -DMOK_SM90_TIMING (cycles per tile of one consumer thread per CTA: full-stage
+ * waits, wgmma drain, FP32 promotion, epilogue; printed after the timed problem; the counters add
+ * a few instructions to the mainloop, so time the plain build separately).
  */
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -172,6 +177,10 @@ static float run(const problem& p, int iters, std::vector<uint16_t>* out_host) {
         cudaEvent_t t0, t1;
         CHECK(cudaEventCreate(&t0));
         CHECK(cudaEventCreate(&t1));
+#ifdef MOK_SM90_TIMING
+        unsigned long long zero[mok_sm90::TIMING_SLOTS] = {0};
+        CHECK(cudaMemcpyToSymbol(mok_sm90::timing, zero, sizeof(zero)));
+#endif
         CHECK(cudaEventRecord(t0));
         for (int i = 0; i < iters; ++i)
             f::grouped_gemm_fp8_nt_kernel<<<grid, f::kThreads, smem>>>(tma_a, tma_b, tma_out, prm);
@@ -179,6 +188,22 @@ static float run(const problem& p, int iters, std::vector<uint16_t>* out_host) {
         CHECK(cudaDeviceSynchronize());
         CHECK(cudaEventElapsedTime(&ms, t0, t1));
         ms /= iters;
+#ifdef MOK_SM90_TIMING
+        unsigned long long c[mok_sm90::TIMING_SLOTS];
+        CHECK(cudaMemcpyFromSymbol(c, mok_sm90::timing, sizeof(c)));
+        int khz = 0;
+        CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+        const double tiles = c[mok_sm90::TIMING_TILES] > 0 ? (double)c[mok_sm90::TIMING_TILES] : 1.0;
+        const int slots[] = {mok_sm90::TIMING_MAINLOOP, mok_sm90::TIMING_FULL_WAIT, mok_sm90::TIMING_DRAIN,
+                             mok_sm90::TIMING_PROMOTE, mok_sm90::TIMING_EPILOGUE};
+        const char* names[] = {"mainloop", "  waits for a full stage", "  wgmma drain (wait_group 0)",
+                               "  FP32 promotion + release", "epilogue"};
+        printf("per tile (thread 128, %.0f tiles per call, %lld K-blocks each):\n", tiles / iters,
+               (long long)prm.num_kb);
+        for (int i = 0; i < 5; ++i)
+            printf("  %-30s %10.0f cycles %8.2f us\n", names[i], c[slots[i]] / tiles,
+                   c[slots[i]] / tiles / khz * 1e3);
+#endif
     }
     out_host->resize(p.R * p.N);
     CHECK(cudaMemcpy(out_host->data(), out, p.R * p.N * 2, cudaMemcpyDeviceToHost));

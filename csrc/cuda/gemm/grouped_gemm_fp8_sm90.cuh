@@ -195,16 +195,20 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
     const uint32_t a_base = mok_smem_u32(&s.a[0][wg * 64 * BK]), b_base = mok_smem_u32(&s.b[0][0]);
     /* issue K-block wgmma for the stage at pos (after its bytes have landed) */
     auto issue = [&](float (&part)[BN / 2], const ring_pos& at) {
+        const long long t_wait = MOK_TIMING_NOW();
         mbarrier_wait_parity(&s.full[at.stage], at.phase);
+        MOK_TIMING_ADD(mok_sm90::TIMING_FULL_WAIT, t_wait);
         mma_kblock(part, a_base + at.stage * STAGE_A_BYTES, b_base + at.stage * STAGE_B_BYTES);
     };
     /* promote the finished K-block of the stage at pos, then hand the stage back */
     int split = SCALE_BLOCK; /* the tile's columns [0, split) are in its first B scale block */
     auto retire = [&](float (&part)[BN / 2], const ring_pos& at) {
+        const long long t_promote = MOK_TIMING_NOW();
         promote(acc, part, s.sa[at.stage][r_lo], s.sa[at.stage][r_lo + 8], s.sb[at.stage][0],
                 BN > SCALE_BLOCK ? s.sb[at.stage][1] : 0.f, split);
         /* one arrival per consumer warp: tiles and scales of the stage are read */
         if (lane == 0) mbarrier_arrive(&s.empty[at.stage]);
+        MOK_TIMING_ADD(mok_sm90::TIMING_PROMOTE, t_promote);
     };
 
     mok_tile_sched sched;
@@ -253,16 +257,22 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
             }
         }
 #else
+        const long long t_main = MOK_TIMING_NOW();
         for (int kb = 0; kb < nkb; ++kb) {
             issue(part0, pos);
+            const long long t_drain = MOK_TIMING_NOW();
             wgmma_wait_group<0>();
+            MOK_TIMING_ADD(mok_sm90::TIMING_DRAIN, t_drain);
             retire(part0, pos);
             pos.advance();
         }
+        MOK_TIMING_ADD(mok_sm90::TIMING_MAINLOOP, t_main);
+        if (nkb > 0) MOK_TIMING_COUNT(mok_sm90::TIMING_TILES);
 #endif
         /* ---- epilogue: [64 x 64] chunks through the BF16 kernel's stager, TMA stores ---- */
         const int64_t row0 = tile.m0 + 64 * wg;
         if (row0 >= p.R) continue;
+        const long long t_epi = MOK_TIMING_NOW();
 #pragma unroll
         for (int j = 0; j < BN / 64; ++j) {
             const int32_t c = (int32_t)(tile.n_tile * BN + 64 * j);
@@ -273,6 +283,7 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
                 bulk_commit_group();
             }
         }
+        MOK_TIMING_ADD(mok_sm90::TIMING_EPILOGUE, t_epi);
     }
     if (t == 0) bulk_wait_group<0>();
 }

@@ -62,6 +62,7 @@ enum {
     TIMING_DRAIN,
     TIMING_EPILOGUE,
     TIMING_EPI_ACQUIRE,
+    TIMING_PROMOTE, /* FP8 kernel only: the FP32 promotion after each K-block */
     TIMING_SLOTS
 };
 #ifdef MOK_SM90_TIMING
@@ -69,11 +70,11 @@ __device__ unsigned long long timing[TIMING_SLOTS];
 #define MOK_TIMING_NOW() clock64()
 #define MOK_TIMING_ADD(slot, since)                                                                      \
     do {                                                                                                \
-        if (threadIdx.x == 128) atomicAdd(&timing[slot], (unsigned long long)(clock64() - (since)));   \
+        if (threadIdx.x == 128) atomicAdd(&mok_sm90::timing[slot], (unsigned long long)(clock64() - (since))); \
     } while (0)
 #define MOK_TIMING_COUNT(slot)                                 \
     do {                                                       \
-        if (threadIdx.x == 128) atomicAdd(&timing[slot], 1ull); \
+        if (threadIdx.x == 128) atomicAdd(&mok_sm90::timing[slot], 1ull); \
     } while (0)
 #else
 #define MOK_TIMING_NOW() 0ll
