@@ -1,0 +1,24 @@
+"""benchmarks/bench_moe_layer.py's CPU smoke run: mok (BF16, and the blockwise FP8 recipe with and
+without FP8 dgrad) against the eager baseline on a tiny shape; the benchmark exits non-zero when an
+implementation's output or gradients leave their tolerance, and every row is timed."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_layer_benchmark_quick_run_checks_every_impl(tmp_path):
+    out = tmp_path / "layer.json"
+    impls = ["eager", "mok", "mok_fp8", "mok_fp8_dgrad"]
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_moe_layer.py"), "--quick",
+                          "--shapes", "tiny_h128", "--routing", "balanced", "--impls", ",".join(impls), "--naive",
+                          "off", "--iters", "1", "--warmup", "0", "--device", "cpu", "--out", str(out)],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    rows = {r["impl"]: r for r in json.loads(out.read_text())["results"]}
+    assert sorted(rows) == sorted(impls)
+    for name, r in rows.items():
+        assert r["fwd_bwd_ms"] > 0 and not r["note"], (name, r)
+    assert rows["mok"]["err_y"] < 2e-2 and 1e-2 < rows["mok_fp8"]["err_y"] < 0.12  # FP8 really quantised
