@@ -179,6 +179,15 @@ struct ring_pos {
 #endif
 static_assert(!(MOK_SM90_FP8_OVERLAP && BN > 128), "two partial accumulators of 96 and the final one do not fit");
 
+/* MOK_SM90_FP8_EARLY_RELEASE=1 (experiment, default 0): a K-block's scales are read into registers
+ * before its wgmma, so the stage goes back to the producer as soon as the wgmma has drained, before
+ * the promotion (DeepGEMM's order); 0: the promotion reads the scales from the stage, then releases
+ * it. With one partial accumulator only. */
+#ifndef MOK_SM90_FP8_EARLY_RELEASE
+#define MOK_SM90_FP8_EARLY_RELEASE 0
+#endif
+static_assert(!(MOK_SM90_FP8_EARLY_RELEASE && MOK_SM90_FP8_OVERLAP), "early release keeps one K-block's scales");
+
 __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used,
                                         const CUtensorMap* tma_out) {
     const int wg = (threadIdx.x / 128) - 1;
@@ -193,21 +202,33 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
 #endif
     epi_stager epi = mok_sm90::make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t);
     const uint32_t a_base = mok_smem_u32(&s.a[0][wg * 64 * BK]), b_base = mok_smem_u32(&s.b[0][0]);
+    float kb_sa0 = 0.f, kb_sa1 = 0.f, kb_sb0 = 0.f, kb_sb1 = 0.f; /* early release: the K-block's scales */
     /* issue K-block wgmma for the stage at pos (after its bytes have landed) */
     auto issue = [&](float (&part)[BN / 2], const ring_pos& at) {
         const long long t_wait = MOK_TIMING_NOW();
         mbarrier_wait_parity(&s.full[at.stage], at.phase);
         MOK_TIMING_ADD(mok_sm90::TIMING_FULL_WAIT, t_wait);
+        if (MOK_SM90_FP8_EARLY_RELEASE) {
+            kb_sa0 = s.sa[at.stage][r_lo];
+            kb_sa1 = s.sa[at.stage][r_lo + 8];
+            kb_sb0 = s.sb[at.stage][0];
+            kb_sb1 = BN > SCALE_BLOCK ? s.sb[at.stage][1] : 0.f;
+        }
         mma_kblock(part, a_base + at.stage * STAGE_A_BYTES, b_base + at.stage * STAGE_B_BYTES);
     };
-    /* promote the finished K-block of the stage at pos, then hand the stage back */
+    /* promote the finished K-block of the stage at pos and hand the stage back (one arrival per
+     * consumer warp: its tiles and scales are read) */
     int split = SCALE_BLOCK; /* the tile's columns [0, split) are in its first B scale block */
     auto retire = [&](float (&part)[BN / 2], const ring_pos& at) {
         const long long t_promote = MOK_TIMING_NOW();
-        promote(acc, part, s.sa[at.stage][r_lo], s.sa[at.stage][r_lo + 8], s.sb[at.stage][0],
-                BN > SCALE_BLOCK ? s.sb[at.stage][1] : 0.f, split);
-        /* one arrival per consumer warp: tiles and scales of the stage are read */
-        if (lane == 0) mbarrier_arrive(&s.empty[at.stage]);
+        if (MOK_SM90_FP8_EARLY_RELEASE) {
+            if (lane == 0) mbarrier_arrive(&s.empty[at.stage]);
+            promote(acc, part, kb_sa0, kb_sa1, kb_sb0, kb_sb1, split);
+        } else {
+            promote(acc, part, s.sa[at.stage][r_lo], s.sa[at.stage][r_lo + 8], s.sb[at.stage][0],
+                    BN > SCALE_BLOCK ? s.sb[at.stage][1] : 0.f, split);
+            if (lane == 0) mbarrier_arrive(&s.empty[at.stage]);
+        }
         MOK_TIMING_ADD(mok_sm90::TIMING_PROMOTE, t_promote);
     };
 
