@@ -5,7 +5,7 @@
  * of a large one (with a few rows checked).
  *
  *   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda \
- *        -o /tmp/fp8_check benchmarks/sm90_fp8_gemm_check.cu -lcuda && /tmp/fp8_check
+ *        -o /tmp/fp8_check benchmarks/sm90_fp8_gemm_check.cu && /tmp/fp8_check
  *   /tmp/fp8_check R E N K        (the timed problem; default: DeepSeek-V3 slice GEMM1, 65536 32 4096 7168)
  *
  * Compile-time variants: -DMOK_SM90_FP8_BN=192 (tile width), -DMOK_SM90_FP8_OVERLAP=1 (two partial
@@ -22,25 +22,8 @@
 
 #include <vector>
 
-#include "../csrc/cuda/common/launch.cuh"
-#include "../csrc/cuda/gemm/grouped_gemm_fp8_sm90.cuh"
-
-#define CHECK(x)                                                                          \
-    do {                                                                                  \
-        cudaError_t err_ = (x);                                                           \
-        if (err_ != cudaSuccess) {                                                        \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
-#define CHECK_CU(x)                                                \
-    do {                                                           \
-        CUresult r_ = (x);                                         \
-        if (r_ != CUDA_SUCCESS) {                                  \
-            fprintf(stderr, "%s:%d: CUresult %d\n", __FILE__, __LINE__, (int)r_); \
-            exit(1);                                               \
-        }                                                          \
-    } while (0)
+#include "../csrc/cuda/grouped_gemm_fp8_sm90.cu" /* the kernel and its launcher */
+#include "cuda_check.h"
 
 static double e4m3_to_double(uint8_t v) {
     const int s = v >> 7, e = (v >> 3) & 15, m = v & 7;
@@ -107,17 +90,8 @@ static double reference(const problem& p, int64_t r, int64_t n) {
     return out;
 }
 
-static void encode(CUtensorMap* map, CUtensorMapDataType type, int rank, void* base, const cuuint64_t* dims,
-                   const cuuint64_t* strides, const cuuint32_t* box) {
-    const cuuint32_t elem[3] = {1, 1, 1};
-    CHECK_CU(cuTensorMapEncodeTiled(map, type, rank, base, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                    CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
-}
-
 /* Runs the kernel; returns ms per call (iters timed calls) and the bf16 output on the host. */
 static float run(const problem& p, int iters, std::vector<uint16_t>* out_host) {
-    namespace f = mok_sm90_fp8;
     uint8_t *a, *b;
     float *sa, *sb;
     int32_t* offsets;
@@ -135,42 +109,15 @@ static float run(const problem& p, int iters, std::vector<uint16_t>* out_host) {
     CHECK(cudaMemcpy(offsets, p.offsets.data(), p.offsets.size() * 4, cudaMemcpyHostToDevice));
     CHECK(cudaMemset(out, 0, p.R * p.N * 2));
 
-    CUtensorMap tma_a, tma_b, tma_out;
-    {
-        const cuuint64_t dims[2] = {(cuuint64_t)p.K, (cuuint64_t)p.R}, strides[1] = {(cuuint64_t)p.K};
-        const cuuint32_t box[2] = {f::BK, f::BM};
-        encode(&tma_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a, dims, strides, box);
+    mok_grouped_gemm_fp8_args g;
+    memset(&g, 0, sizeof(g));
+    g.a = a, g.sa = sa, g.b = b, g.sb = sb, g.offsets = offsets;
+    g.R = p.R, g.E = p.E, g.N = p.N, g.K = p.K, g.out = out;
+    if (!mok_grouped_gemm_fp8_supported(&g)) {
+        fprintf(stderr, "the FP8 kernel does not take these arguments\n");
+        exit(1);
     }
-    {
-        const cuuint64_t dims[3] = {(cuuint64_t)p.K, (cuuint64_t)p.N, (cuuint64_t)p.E};
-        const cuuint64_t strides[2] = {(cuuint64_t)p.K, (cuuint64_t)(p.N * p.K)};
-        const cuuint32_t box[3] = {f::BK, f::BN, 1};
-        encode(&tma_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, b, dims, strides, box);
-    }
-    {
-        const cuuint64_t dims[3] = {(cuuint64_t)p.N, (cuuint64_t)p.R, 1};
-        const cuuint64_t strides[2] = {(cuuint64_t)p.N * 2, (cuuint64_t)(p.N * p.R * 2)};
-        const cuuint32_t box[3] = {64, 64, 1};
-        encode(&tma_out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, out, dims, strides, box);
-    }
-    f::params prm;
-    prm.sa = sa;
-    prm.sb = sb;
-    prm.offsets = offsets;
-    prm.E = (int32_t)p.E;
-    prm.R = p.R;
-    prm.N = p.N;
-    prm.Kd = p.K;
-    prm.num_n_tiles = (p.N + f::BN - 1) / f::BN;
-    prm.num_kb = p.K / f::BK;
-    prm.error_flag = NULL;
-    const int smem = (int)sizeof(f::smem_layout) + 1024;
-    CHECK(cudaFuncSetAttribute(f::grouped_gemm_fp8_nt_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    int sms = 0;
-    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    const unsigned grid = mok_sched_grid((p.R / f::BM) * prm.num_n_tiles, sms, 1);
-    f::grouped_gemm_fp8_nt_kernel<<<grid, f::kThreads, smem>>>(tma_a, tma_b, tma_out, prm);
-    CHECK(cudaGetLastError());
+    CHECK((cudaError_t)mok_grouped_gemm_fp8_cuda(&g, 0));
     CHECK(cudaDeviceSynchronize());
     float ms = 0;
     if (iters > 0) {
@@ -182,8 +129,7 @@ static float run(const problem& p, int iters, std::vector<uint16_t>* out_host) {
         CHECK(cudaMemcpyToSymbol(mok_sm90::timing, zero, sizeof(zero)));
 #endif
         CHECK(cudaEventRecord(t0));
-        for (int i = 0; i < iters; ++i)
-            f::grouped_gemm_fp8_nt_kernel<<<grid, f::kThreads, smem>>>(tma_a, tma_b, tma_out, prm);
+        for (int i = 0; i < iters; ++i) CHECK((cudaError_t)mok_grouped_gemm_fp8_cuda(&g, 0));
         CHECK(cudaEventRecord(t1));
         CHECK(cudaDeviceSynchronize());
         CHECK(cudaEventElapsedTime(&ms, t0, t1));
@@ -199,7 +145,7 @@ static float run(const problem& p, int iters, std::vector<uint16_t>* out_host) {
         const char* names[] = {"mainloop", "  waits for a full stage", "  wgmma drain (wait_group 0)",
                                "  FP32 promotion + release", "epilogue"};
         printf("per tile (thread 128, %.0f tiles per call, %lld K-blocks each):\n", tiles / iters,
-               (long long)prm.num_kb);
+               (long long)(p.K / 128));
         for (int i = 0; i < 5; ++i)
             printf("  %-30s %10.0f cycles %8.2f us\n", names[i], c[slots[i]] / tiles,
                    c[slots[i]] / tiles / khz * 1e3);

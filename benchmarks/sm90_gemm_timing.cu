@@ -23,14 +23,7 @@
 
 #include "../csrc/cuda/grouped_gemm_sm90.cu"
 
-#define CHECK(x)                                                                    \
-    do {                                                                            \
-        cudaError_t err_ = (x);                                                     \
-        if (err_ != cudaSuccess) {                                                  \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
-            exit(1);                                                                \
-        }                                                                           \
-    } while (0)
+#include "cuda_check.h"
 
 /* x[i] = a hash of i mapped to [-1, 1), as bf16 */
 __global__ void fill_random_bf16(__nv_bfloat16* x, int64_t n, uint32_t seed) {

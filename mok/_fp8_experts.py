@@ -27,11 +27,10 @@ import torch
 
 from ._gate_up import gate_up_backward
 from ._ops import ops
-from .fp8_gemm import quantize_weight_blockwise
+from .fp8_gemm import BLOCK, quantize_weight_blockwise
 
 RECIPES = ("bf16", "blockwise")
 ACT_RECIPE = "blockwise_1x128"
-BLOCK = 128
 
 
 def quantize_expert_weight(w):
