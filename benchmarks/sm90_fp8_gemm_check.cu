@@ -7,6 +7,8 @@
  *   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda \
  *        -o /tmp/fp8_check benchmarks/sm90_fp8_gemm_check.cu && /tmp/fp8_check
  *   /tmp/fp8_check R E N K        (the timed problem; default: DeepSeek-V3 slice GEMM1, 65536 32 4096 7168)
+ *   /tmp/fp8_check wgrad [R E M N] (the weight-gradient variant: out [E, M, N] over each expert's rows;
+ *                                   default: DeepSeek-V3 slice GEMM1's d_W, 65536 32 4096 7168)
  *
  * Compile-time variants: -DMOK_SM90_FP8_BN=192 (tile width), -DMOK_SM90_FP8_OVERLAP=1 (two partial
  * accumulators), -DMOK_SM90_TIMING (cycles per tile of one consumer thread per CTA: full-stage
@@ -176,7 +178,129 @@ static double rel_err(const problem& p, const std::vector<uint16_t>& out, int64_
     return sqrt(num / (den > 0 ? den : 1));
 }
 
+/* ---- weight-gradient variant: a [M, R], b [N, R], 1 x 128 scales along R, out [E, M, N] ---- */
+
+struct wgrad_problem {
+    int64_t R, E, M, N;
+    std::vector<uint8_t> a, b;
+    std::vector<float> sa, sb;
+    std::vector<int32_t> offsets;
+};
+
+static wgrad_problem make_wgrad_problem(int64_t R, int64_t E, int64_t M, int64_t N) {
+    const problem rows = make_problem(R, E, 128, 128); /* its ragged offsets (one expert empty) */
+    wgrad_problem p;
+    p.R = R, p.E = E, p.M = M, p.N = N;
+    p.offsets = rows.offsets;
+    p.a.resize(M * R);
+    p.b.resize(N * R);
+    for (auto& v : p.a) v = random_e4m3();
+    for (auto& v : p.b) v = random_e4m3();
+    p.sa.resize(M * (R / 128));
+    p.sb.resize(N * (R / 128));
+    for (auto& v : p.sa) v = random_scale();
+    for (auto& v : p.sb) v = random_scale();
+    return p;
+}
+
+static double wgrad_reference(const wgrad_problem& p, int64_t e, int64_t m, int64_t n) {
+    const int64_t ld = p.R / 128;
+    double out = 0;
+    for (int64_t kb = p.offsets[e] / 128; kb < p.offsets[e + 1] / 128; ++kb) {
+        double part = 0;
+        for (int64_t r = kb * 128; r < kb * 128 + 128; ++r)
+            part += e4m3_to_double(p.a[m * p.R + r]) * e4m3_to_double(p.b[n * p.R + r]);
+        out += part * p.sa[m * ld + kb] * p.sb[n * ld + kb];
+    }
+    return out;
+}
+
+static float run_wgrad(const wgrad_problem& p, int iters, std::vector<uint16_t>* out_host) {
+    uint8_t *a, *b;
+    float *sa, *sb;
+    int32_t* offsets;
+    void* out;
+    const size_t out_bytes = (size_t)(p.E * p.M * p.N * 2);
+    CHECK(cudaMalloc(&a, p.a.size()));
+    CHECK(cudaMalloc(&b, p.b.size()));
+    CHECK(cudaMalloc(&sa, p.sa.size() * 4));
+    CHECK(cudaMalloc(&sb, p.sb.size() * 4));
+    CHECK(cudaMalloc(&offsets, p.offsets.size() * 4));
+    CHECK(cudaMalloc(&out, out_bytes));
+    CHECK(cudaMemcpy(a, p.a.data(), p.a.size(), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(b, p.b.data(), p.b.size(), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(sa, p.sa.data(), p.sa.size() * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(sb, p.sb.data(), p.sb.size() * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(offsets, p.offsets.data(), p.offsets.size() * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemset(out, 0xFF, out_bytes)); /* NaN bits: every output must be written */
+
+    mok_grouped_gemm_fp8_wgrad_args g;
+    memset(&g, 0, sizeof(g));
+    g.a = a, g.sa = sa, g.b = b, g.sb = sb, g.offsets = offsets;
+    g.R = p.R, g.E = p.E, g.M = p.M, g.N = p.N, g.out = out;
+    if (!mok_grouped_gemm_fp8_wgrad_supported(&g)) {
+        fprintf(stderr, "the FP8 wgrad kernel does not take these arguments\n");
+        exit(1);
+    }
+    CHECK((cudaError_t)mok_grouped_gemm_fp8_wgrad_cuda(&g, 0));
+    CHECK(cudaDeviceSynchronize());
+    float ms = 0;
+    if (iters > 0) {
+        cudaEvent_t t0, t1;
+        CHECK(cudaEventCreate(&t0));
+        CHECK(cudaEventCreate(&t1));
+        CHECK(cudaEventRecord(t0));
+        for (int i = 0; i < iters; ++i) CHECK((cudaError_t)mok_grouped_gemm_fp8_wgrad_cuda(&g, 0));
+        CHECK(cudaEventRecord(t1));
+        CHECK(cudaDeviceSynchronize());
+        CHECK(cudaEventElapsedTime(&ms, t0, t1));
+        ms /= iters;
+    }
+    out_host->resize(out_bytes / 2);
+    CHECK(cudaMemcpy(out_host->data(), out, out_bytes, cudaMemcpyDeviceToHost));
+    cudaFree(a), cudaFree(b), cudaFree(sa), cudaFree(sb), cudaFree(offsets), cudaFree(out);
+    return ms;
+}
+
+/* Relative Frobenius error over every `step`-th output element (all of them with step 1); an
+ * empty expert's outputs must be exactly 0. */
+static double wgrad_rel_err(const wgrad_problem& p, const std::vector<uint16_t>& out, int64_t step) {
+    double num = 0, den = 0;
+    const int64_t total = p.E * p.M * p.N;
+    for (int64_t i = 0; i < total; i += step) {
+        const int64_t e = i / (p.M * p.N), m = (i / p.N) % p.M, n = i % p.N;
+        const double ref = wgrad_reference(p, e, m, n), got = bf16_to_double(out[i]);
+        if (p.offsets[e] == p.offsets[e + 1] && out[i] != 0) return INFINITY;
+        num += (got - ref) * (got - ref);
+        den += ref * ref;
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static int wgrad_main(int argc, char** argv) {
+    {
+        wgrad_problem p = make_wgrad_problem(1024, 5, 256, 384);
+        std::vector<uint16_t> out;
+        run_wgrad(p, 0, &out);
+        const double err = wgrad_rel_err(p, out, 1);
+        printf("wgrad small R=1024 E=5 M=256 N=384: rel err %.2e against float64 on the dequantised inputs %s\n", err,
+               err < 8e-3 ? "(ok)" : "(FAIL)");
+        if (!(err < 8e-3)) return 1;
+    }
+    const int64_t R = argc > 2 ? atoll(argv[2]) : 65536, E = argc > 3 ? atoll(argv[3]) : 32;
+    const int64_t M = argc > 4 ? atoll(argv[4]) : 4096, N = argc > 5 ? atoll(argv[5]) : 7168;
+    wgrad_problem p = make_wgrad_problem(R, E, M, N);
+    std::vector<uint16_t> out;
+    const float ms = run_wgrad(p, 10, &out);
+    const double flops = 2.0 * p.offsets[E] * M * N;
+    const double err = wgrad_rel_err(p, out, 1000003);
+    printf("wgrad R=%lld E=%lld M=%lld N=%lld: %.3f ms, %.0f TFLOP/s, sampled rel err %.2e %s\n", (long long)R,
+           (long long)E, (long long)M, (long long)N, ms, flops / ms / 1e9, err, err < 8e-3 ? "(ok)" : "(FAIL)");
+    return err < 8e-3 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
+    if (argc > 1 && strcmp(argv[1], "wgrad") == 0) return wgrad_main(argc, argv);
     /* ---- every output of a small ragged problem ---- */
     {
         problem p = make_problem(1024, 5, 384, 512);

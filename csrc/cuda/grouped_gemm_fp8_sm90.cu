@@ -5,6 +5,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/launch.cuh"
 #include "gemm/grouped_gemm_fp8_sm90.cuh"
@@ -15,15 +16,38 @@ namespace {
 
 namespace f8 = mok_sm90_fp8;
 
-bool pointers_aligned(const struct mok_grouped_gemm_fp8_args* a) {
+template <typename Args>
+bool pointers_aligned(const Args* a) {
     return (((uintptr_t)a->a | (uintptr_t)a->b | (uintptr_t)a->out | (uintptr_t)a->sa | (uintptr_t)a->sb) % 16) == 0;
+}
+
+bool sm90_enabled() {
+    const char* env = getenv("MOK_DISABLE_SM90");
+    return !(env && env[0] && env[0] != '0');
+}
+
+/* Persistent launch of one kernel variant over `tiles` tiles (shared memory opted in once per variant). */
+template <bool kWgrad>
+int launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_out, const f8::params& p,
+           int64_t tiles, int num_sms_hint, cudaStream_t stream) {
+    const int smem = (int)sizeof(f8::smem_layout) + 1024;
+    static bool configured = false;
+    if (!configured) {
+        if (cudaFuncSetAttribute(f8::grouped_gemm_fp8_nt_kernel<kWgrad>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 smem) != cudaSuccess)
+            return mok_launch_status();
+        configured = true;
+    }
+    const int num_sms = num_sms_hint > 0 ? num_sms_hint : mok_num_sms();
+    f8::grouped_gemm_fp8_nt_kernel<kWgrad>
+        <<<mok_sched_grid(tiles, num_sms, 1), f8::kThreads, smem, stream>>>(tma_a, tma_b, tma_out, p);
+    return mok_launch_status();
 }
 
 }  // namespace
 
 extern "C" int mok_grouped_gemm_fp8_supported(const struct mok_grouped_gemm_fp8_args* a) {
-    const char* env = getenv("MOK_DISABLE_SM90");
-    if (env && env[0] && env[0] != '0') return 0;
+    if (!sm90_enabled()) return 0;
     if (a->R < 0 || a->E < 1 || a->E > MOK_INT32_LIMIT || a->R > MOK_INT32_LIMIT) return 0;
     if (a->K <= 0 || a->N <= 0 || a->K % f8::BK || a->N % f8::SCALE_BLOCK) return 0;
     if (!pointers_aligned(a)) return 0;
@@ -72,17 +96,62 @@ extern "C" int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args*
     p.num_kb = a->K / f8::BK;
     p.error_flag = a->error_flag;
 
-    const int smem = (int)sizeof(f8::smem_layout) + 1024;
-    static bool configured = false;
-    if (!configured) {
-        if (cudaFuncSetAttribute(f8::grouped_gemm_fp8_nt_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
-            cudaSuccess)
-            return mok_launch_status();
-        configured = true;
+    return launch<false>(tma_a, tma_b, tma_out, p, mok_ceil_div(a->R, f8::BM) * p.num_n_tiles, a->num_sms, stream);
+}
+
+extern "C" int mok_grouped_gemm_fp8_wgrad_supported(const struct mok_grouped_gemm_fp8_wgrad_args* a) {
+    if (!sm90_enabled()) return 0;
+    if (a->R < 0 || a->E < 1 || a->E > MOK_INT32_LIMIT || a->R > MOK_INT32_LIMIT) return 0;
+    if (a->M <= 0 || a->N <= 0 || a->M % f8::BM || a->N % f8::SCALE_BLOCK || a->R % 16) return 0;
+    if (!pointers_aligned(a)) return 0;
+    return mok_tma::is_hopper() && mok_tma::encode_fn() != NULL;
+}
+
+extern "C" int mok_grouped_gemm_fp8_wgrad_cuda(const struct mok_grouped_gemm_fp8_wgrad_args* a, cudaStream_t stream) {
+    MOK_CHECK_ARG(a != NULL && a->R >= 0 && a->E >= 1 && a->M > 0 && a->N > 0);
+    MOK_CHECK_ARG(a->offsets != NULL && a->out != NULL);
+    MOK_CHECK_ARG(a->M % f8::BM == 0 && a->N % f8::SCALE_BLOCK == 0 && a->R % 16 == 0 && pointers_aligned(a));
+    /* NOTE: R == 0 still launches: every expert's gradient is zero and must be written */
+    const int64_t R = a->R > 0 ? a->R : 16; /* a tensor map needs a non-empty extent (never read: no K-blocks) */
+    MOK_CHECK_ARG(a->R == 0 || (a->a != NULL && a->sa != NULL && a->b != NULL && a->sb != NULL));
+
+    CUtensorMap tma_a, tma_b, tma_out;
+    {
+        /* A [M, R] bytes: boxes of 128 rows (of M) x 128 R (one 128-byte swizzle row each) */
+        const cuuint64_t dims[2] = {(cuuint64_t)R, (cuuint64_t)a->M};
+        const cuuint64_t strides[1] = {(cuuint64_t)R};
+        const cuuint32_t box[2] = {f8::BK, f8::BM};
+        const void* base = a->R > 0 ? a->a : a->out;
+        if (!mok_tma::encode(&tma_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, base, 2, dims, strides, box)) return MOK_ERR_ARG;
     }
-    const int num_sms = a->num_sms > 0 ? a->num_sms : mok_num_sms();
-    const int64_t tiles = mok_ceil_div(a->R, f8::BM) * p.num_n_tiles;
-    f8::grouped_gemm_fp8_nt_kernel<<<mok_sched_grid(tiles, num_sms, 1), f8::kThreads, smem, stream>>>(tma_a, tma_b,
-                                                                                                    tma_out, p);
-    return mok_launch_status();
+    {
+        /* B [N, R] bytes: boxes of BN rows (of N) x 128 R */
+        const cuuint64_t dims[2] = {(cuuint64_t)R, (cuuint64_t)a->N};
+        const cuuint64_t strides[1] = {(cuuint64_t)R};
+        const cuuint32_t box[2] = {f8::BK, f8::BN};
+        const void* base = a->R > 0 ? a->b : a->out;
+        if (!mok_tma::encode(&tma_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, base, 2, dims, strides, box)) return MOK_ERR_ARG;
+    }
+    {
+        /* out [E, M, N] bf16: [64 x 64] epilogue boxes of one expert */
+        const cuuint64_t dims[3] = {(cuuint64_t)a->N, (cuuint64_t)a->M, (cuuint64_t)a->E};
+        const cuuint64_t strides[2] = {(cuuint64_t)a->N * 2, (cuuint64_t)(a->N * a->M * 2)};
+        const cuuint32_t box[3] = {64, 64, 1};
+        if (!mok_tma::encode(&tma_out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a->out, 3, dims, strides, box))
+            return MOK_ERR_ARG;
+    }
+    f8::params p;
+    memset(&p, 0, sizeof p);
+    p.sa = a->sa;
+    p.sb = a->sb;
+    p.offsets = a->offsets;
+    p.E = (int32_t)a->E;
+    p.R = a->R;
+    p.N = a->N;
+    p.M = a->M;
+    p.num_m_tiles = a->M / f8::BM;
+    p.num_n_tiles = mok_ceil_div(a->N, f8::BN);
+    p.scale_ld = mok_ceil_div(a->R, f8::SCALE_BLOCK);
+    p.error_flag = a->error_flag;
+    return launch<true>(tma_a, tma_b, tma_out, p, a->E * p.num_m_tiles * p.num_n_tiles, a->num_sms, stream);
 }

@@ -42,6 +42,34 @@ int mok_grouped_gemm_fp8_supported(const struct mok_grouped_gemm_fp8_args* args)
 /* MOK_OK, or an error status (MOK_ERR_*) / CUDA error code. */
 int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args* args, cudaStream_t stream);
 
+/*
+ * Weight gradient ("wgrad", a K-grouped GEMM): the contraction runs over each expert's rows of the
+ * plan's row space, on column-wise copies of both operands (mok.fp8.quantize_rowcol's qt): a [M, R]
+ * and b [N, R] E4M3 codes (R contiguous) with fp32 scales per 1 x 128 block along R, sa [M, ceil(R / 128)]
+ * and sb [N, ceil(R / 128)]:
+ *
+ *   out[e, m, n] = sum_{kb = offsets[e] / 128}^{offsets[e + 1] / 128 - 1} sa[m, kb] * sb[n, kb]
+ *                      * sum_{r in block kb} a[m, r] * b[n, r]
+ *
+ * in bf16 [E, M, N]; an expert without rows gets zeros. The sm_90a kernel needs M % 128 == 0,
+ * N % 128 == 0, R % 16 == 0 (TMA row pitch), 16-byte aligned pointers and every offsets[e] a multiple
+ * of 128 (otherwise MOK_DEVICE_ERR_UNALIGNED_PLAN in error_flag and nothing computed).
+ */
+struct mok_grouped_gemm_fp8_wgrad_args {
+    const void* a;          /* [M, R] e4m3 */
+    const float* sa;        /* [M, ceil(R / 128)] */
+    const void* b;          /* [N, R] e4m3 */
+    const float* sb;        /* [N, ceil(R / 128)] */
+    const int32_t* offsets; /* [E + 1], device */
+    int64_t R, E, M, N;
+    void* out;              /* [E, M, N] bf16 */
+    int32_t* error_flag;    /* host-mapped error word (MOK_DEVICE_ERR_*) or NULL */
+    int num_sms;            /* persistent grid size hint (0: query the device) */
+};
+
+int mok_grouped_gemm_fp8_wgrad_supported(const struct mok_grouped_gemm_fp8_wgrad_args* args);
+int mok_grouped_gemm_fp8_wgrad_cuda(const struct mok_grouped_gemm_fp8_wgrad_args* args, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

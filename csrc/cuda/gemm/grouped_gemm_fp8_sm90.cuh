@@ -19,6 +19,14 @@
  * tile row), kStages-deep ring. The promotion waits for the K-block's wgmma (wait_group 0); the two
  * consumer warpgroups drift apart, so one promotes while the other's wgmma runs.
  *
+ * Weight-gradient variant (kWgrad, a K-grouped GEMM: mok_grouped_gemm_fp8_wgrad_cuda):
+ *
+ *   out[e, m, n] = sum_{kb of expert e's rows} sa[m, kb] * sb[n, kb] * sum_{r in block kb} A[m, r] B[n, r]
+ *
+ * on the column-wise copies A [M, R] and B [N, R] (1 x 128 scales along R for both): one tile group
+ * per expert, its K-blocks those of its 128-aligned rows. B's scale differs per column, so the
+ * promotion multiplies per element (sa[row] * sb[col]): twice the forward's CUDA-core work.
+ *
  * v1 limits: plans aligned to 128 rows (a tile never straddles experts; mok's CUDA plans are; a
  * misaligned offset is reported in the error word and nothing is computed); K % 128 == 0 and
  * N % 128 == 0 (whole scale blocks). Rows outside [offsets[0], offsets[E]) are written as zeros.
@@ -60,6 +68,7 @@ struct smem_layout {
     float sa[kStages][BM]; /* A scales of the stage's K-block, one per tile row */
     float sb[kStages][4];  /* the B scales of the stage's K-block: the tile's first and (BN > 128) second
                               128-column block (padded to 16 bytes) */
+    float sb_cols[kStages][BN]; /* wgrad: one B scale per tile column (B is 1 x 128 along K, like A) */
     uint64_t full[kStages];
     uint64_t empty[kStages];
 };
@@ -75,6 +84,9 @@ struct params {
     int64_t R, N, Kd;
     int64_t num_n_tiles, num_kb; /* ceil(N / BN), Kd / 128 */
     int32_t* error_flag; /* host-mapped error word or NULL */
+    /* wgrad: out [E, M, N]; the contraction runs over each expert's rows of the R-row space; sa, sb
+     * are [M | N, scale_ld] with scale_ld = ceil(R / 128) */
+    int64_t M, num_m_tiles, scale_ld;
 };
 
 /* ---- producer: TMA for the tiles, cp.async for the scales (one per thread and K-block) ---- */
@@ -309,6 +321,124 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
     if (t == 0) bulk_wait_group<0>();
 }
 
+/* ------------------------------------------------------------------------------------------------
+ * weight-gradient variant: one group per expert, K-blocks over the expert's rows
+ * ---------------------------------------------------------------------------------------------- */
+
+/* K-blocks [kb0, kb0 + nkb) of expert e (the kernel has checked that the offsets are 128-aligned,
+ * non-decreasing and within R). */
+__device__ __forceinline__ void wgrad_kblocks(const params& p, int64_t e, int64_t& kb0, int64_t& nkb) {
+    const int64_t lo = p.offsets[e], hi = p.offsets[e + 1];
+    kb0 = lo / SCALE_BLOCK;
+    nkb = (hi - lo) / SCALE_BLOCK;
+}
+
+__device__ __forceinline__ void produce_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_a,
+                                              const CUtensorMap* tma_b) {
+    const int tid = threadIdx.x; /* 0..127 */
+    uint32_t stage = 0, phase = 0;
+    mok_tile_sched sched;
+    mok_sched_init(&sched, p.E, p.num_m_tiles, p.num_n_tiles, BM, INT64_MAX);
+    mok_tile tile;
+    while (mok_sched_next_tile(&sched, &tile)) {
+        int64_t kb0, nkb;
+        wgrad_kblocks(p, tile.group, kb0, nkb);
+        const int64_t n0 = tile.n_tile * BN;
+        const float* sa_row = p.sa + (tile.m0 + tid) * p.scale_ld; /* M % BM == 0: every row exists */
+        for (int64_t kb = kb0; kb < kb0 + nkb; ++kb) {
+            mbarrier_wait_parity(&s.empty[stage], phase ^ 1);
+            const int32_t k0 = (int32_t)(kb * BK);
+            if (tid == 0) {
+                mbarrier_arrive_expect_tx(&s.full[stage], STAGE_A_BYTES + STAGE_B_BYTES);
+                tma_load_2d(&s.a[stage][0], tma_a, &s.full[stage], k0, (int32_t)tile.m0);
+                tma_load_2d(&s.b[stage][0], tma_b, &s.full[stage], k0, (int32_t)n0);
+            }
+            cp_async_4(&s.sa[stage][tid], sa_row + kb, 4u);
+#pragma unroll
+            for (int c = tid; c < BN; c += 128) {
+                /* columns past N (a partial last tile): a zero scale, their B rows are zero-filled */
+                const bool col_ok = n0 + c < p.N;
+                cp_async_4(&s.sb_cols[stage][c], col_ok ? p.sb + (n0 + c) * p.scale_ld + kb : p.sb, col_ok ? 4u : 0u);
+            }
+            cp_async_mbarrier_arrive_noinc(&s.full[stage]);
+            if (++stage == kStages) {
+                stage = 0;
+                phase ^= 1;
+            }
+        }
+    }
+}
+
+/* FP32 promotion with a scale per column: acc += part * sa[row] * sb[column]. Registers 4g..4g+3
+ * hold columns c = 8g + 2 (lane % 4) + {0, 1} of rows r_lo (4g, 4g + 1) and r_lo + 8 (4g + 2, 4g + 3).
+ * NOTE: as promote(), part's wgmma group must have retired. */
+__device__ __forceinline__ void promote_cols(float (&acc)[BN / 2], float (&part)[BN / 2], float sa0, float sa1,
+                                             const float* sb_cols, int lane) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) wgmma_fence_operand(part[i]);
+#pragma unroll
+    for (int i = 0; i < BN / 2; i += 4) {
+        const float2 sb = *reinterpret_cast<const float2*>(sb_cols + 2 * i + 2 * (lane & 3));
+        acc[i] = fmaf(part[i], sa0 * sb.x, acc[i]);
+        acc[i + 1] = fmaf(part[i + 1], sa0 * sb.y, acc[i + 1]);
+        acc[i + 2] = fmaf(part[i + 2], sa1 * sb.x, acc[i + 2]);
+        acc[i + 3] = fmaf(part[i + 3], sa1 * sb.y, acc[i + 3]);
+    }
+}
+
+__device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_out) {
+    const int wg = (threadIdx.x / 128) - 1;
+    const int t = threadIdx.x & 127;
+    const int warp = t >> 5, lane = t & 31;
+    const int r_lo = wg * 64 + warp * 16 + (lane >> 2); /* this thread's rows: r_lo, r_lo + 8 */
+    ring_pos pos;
+    float part[BN / 2], acc[BN / 2];
+    epi_stager epi = mok_sm90::make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t);
+    const uint32_t a_base = mok_smem_u32(&s.a[0][wg * 64 * BK]), b_base = mok_smem_u32(&s.b[0][0]);
+
+    mok_tile_sched sched;
+    mok_sched_init(&sched, p.E, p.num_m_tiles, p.num_n_tiles, BM, INT64_MAX);
+    mok_tile tile;
+    while (mok_sched_next_tile(&sched, &tile)) {
+        int64_t kb0, nkb64;
+        wgrad_kblocks(p, tile.group, kb0, nkb64);
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+        /* NOTE: warp-uniform for ptxas (see consume()) */
+        const int nkb = __shfl_sync(0xFFFFFFFFu, (int)nkb64, 0);
+        for (int kb = 0; kb < nkb; ++kb) {
+            mbarrier_wait_parity(&s.full[pos.stage], pos.phase);
+            mma_kblock(part, a_base + pos.stage * STAGE_A_BYTES, b_base + pos.stage * STAGE_B_BYTES);
+            wgmma_wait_group<0>();
+            promote_cols(acc, part, s.sa[pos.stage][r_lo], s.sa[pos.stage][r_lo + 8], &s.sb_cols[pos.stage][0], lane);
+            if (lane == 0) mbarrier_arrive(&s.empty[pos.stage]);
+            pos.advance();
+        }
+        /* ---- epilogue: out[e, m, n] in [64 x 64] chunks through the [E, M, N] map ---- */
+        const int64_t m0 = tile.m0 + 64 * wg;
+#pragma unroll
+        for (int j = 0; j < BN / 64; ++j) {
+            const int32_t c = (int32_t)(tile.n_tile * BN + 64 * j);
+            if (c >= p.N) break;
+            const uint32_t buf = mok_sm90::epi_stage_acc(epi, acc, j);
+            if (mok_sm90::epi_ready(epi)) {
+                tma_store_3d(tma_out, buf, c, (int32_t)m0, (int32_t)tile.group);
+                bulk_commit_group();
+            }
+        }
+    }
+    if (t == 0) bulk_wait_group<0>();
+}
+
+/* A plan the kernel cannot take: an offset not a multiple of 128 (both variants), or (wgrad, whose
+ * scale reads follow the offsets) decreasing or past R. */
+__device__ __forceinline__ bool bad_offset(const params& p, int64_t e, bool wgrad) {
+    const int64_t off = p.offsets[e];
+    if (off % BM != 0) return true;
+    return wgrad && (off < 0 || off > p.R || (e > 0 && off < (int64_t)p.offsets[e - 1]));
+}
+
+template <bool kWgrad>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_fp8_nt_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                                const __grid_constant__ CUtensorMap tma_out, const params p) {
@@ -325,7 +455,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     /* ---- v1 takes 128-aligned plans only: report a misaligned one, compute nothing ---- */
     bool misaligned = false;
-    for (int64_t e = threadIdx.x; e <= p.E; e += blockDim.x) misaligned |= (p.offsets[e] % BM) != 0;
+    for (int64_t e = threadIdx.x; e <= p.E; e += blockDim.x) misaligned |= bad_offset(p, e, kWgrad);
     if (__syncthreads_or(misaligned)) {
         if (blockIdx.x == 0 && threadIdx.x == 0 && p.error_flag != NULL) {
             /* NOTE: the plan kernel's protocol: read-OR-write of the host-mapped word, system fence */
@@ -338,10 +468,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t rows_used = mok_rows_in_use(p.offsets, p.E, p.R);
     if (threadIdx.x < 128) {
         setmaxnreg_dec<kProducerRegs>();
-        produce(s, p, &tma_a, &tma_b, rows_used);
+        if (kWgrad) {
+            produce_wgrad(s, p, &tma_a, &tma_b);
+        } else {
+            produce(s, p, &tma_a, &tma_b, rows_used);
+        }
     } else {
         setmaxnreg_inc<kConsumerRegs>();
-        consume(s, p, rows_used, &tma_out);
+        if (kWgrad) {
+            consume_wgrad(s, p, &tma_out);
+        } else {
+            consume(s, p, rows_used, &tma_out);
+        }
     }
 }
 
