@@ -68,7 +68,12 @@ struct smem_layout {
     float sa[kStages][BM]; /* A scales of the stage's K-block, one per tile row */
     float sb[kStages][4];  /* the B scales of the stage's K-block: the tile's first and (BN > 128) second
                               128-column block (padded to 16 bytes) */
-    float sb_cols[kStages][BN]; /* wgrad: one B scale per tile column (B is 1 x 128 along K, like A) */
+    /* wgrad: the K-block's A scales (one per tile row) and B scales (one per tile column: B is 1 x 128
+     * along K, like A), two copies per stage selected by the ring phase, so that a stage goes back
+     * to the producer as soon as its wgmma has drained while its promotion still reads the scales
+     * (the producer rewrites a copy two rounds later, after this consumer's next release) */
+    float wsa[2][kStages][BM];
+    float wsb[2][kStages][BN];
     uint64_t full[kStages];
     uint64_t empty[kStages];
 };
@@ -189,14 +194,18 @@ struct ring_pos {
 #ifndef MOK_SM90_FP8_OVERLAP
 #define MOK_SM90_FP8_OVERLAP 0
 #endif
+#if MOK_SM90_FP8_OVERLAP && !defined(MOK_SM90_FP8_EARLY_RELEASE)
+#define MOK_SM90_FP8_EARLY_RELEASE 0 /* the overlap keeps two K-blocks in flight: scales stay in the stage */
+#endif
 static_assert(!(MOK_SM90_FP8_OVERLAP && BN > 128), "two partial accumulators of 96 and the final one do not fit");
 
-/* MOK_SM90_FP8_EARLY_RELEASE=1 (experiment, default 0): a K-block's scales are read into registers
- * before its wgmma, so the stage goes back to the producer as soon as the wgmma has drained, before
- * the promotion (DeepGEMM's order); 0: the promotion reads the scales from the stage, then releases
- * it. With one partial accumulator only. */
+/* MOK_SM90_FP8_EARLY_RELEASE=1 (default): a K-block's scales are read into registers before its
+ * wgmma, so the stage goes back to the producer as soon as the wgmma has drained, before the
+ * promotion (DeepGEMM's order); 0: the promotion reads the scales from the stage, then releases it.
+ * Measured on the H200 (standalone checker): 1008 -> 1047 TFLOP/s on DeepSeek-V3 GEMM1, 998 -> 1063
+ * on Mixtral GEMM1 (docs/performance-log.md, v19). With one partial accumulator only. */
 #ifndef MOK_SM90_FP8_EARLY_RELEASE
-#define MOK_SM90_FP8_EARLY_RELEASE 0
+#define MOK_SM90_FP8_EARLY_RELEASE 1
 #endif
 static_assert(!(MOK_SM90_FP8_EARLY_RELEASE && MOK_SM90_FP8_OVERLAP), "early release keeps one K-block's scales");
 
@@ -353,12 +362,12 @@ __device__ __forceinline__ void produce_wgrad(smem_layout& s, const params& p, c
                 tma_load_2d(&s.a[stage][0], tma_a, &s.full[stage], k0, (int32_t)tile.m0);
                 tma_load_2d(&s.b[stage][0], tma_b, &s.full[stage], k0, (int32_t)n0);
             }
-            cp_async_4(&s.sa[stage][tid], sa_row + kb, 4u);
+            cp_async_4(&s.wsa[phase][stage][tid], sa_row + kb, 4u);
 #pragma unroll
             for (int c = tid; c < BN; c += 128) {
                 /* columns past N (a partial last tile): a zero scale, their B rows are zero-filled */
                 const bool col_ok = n0 + c < p.N;
-                cp_async_4(&s.sb_cols[stage][c], col_ok ? p.sb + (n0 + c) * p.scale_ld + kb : p.sb, col_ok ? 4u : 0u);
+                cp_async_4(&s.wsb[phase][stage][c], col_ok ? p.sb + (n0 + c) * p.scale_ld + kb : p.sb, col_ok ? 4u : 0u);
             }
             cp_async_mbarrier_arrive_noinc(&s.full[stage]);
             if (++stage == kStages) {
@@ -410,8 +419,10 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
             mbarrier_wait_parity(&s.full[pos.stage], pos.phase);
             mma_kblock(part, a_base + pos.stage * STAGE_A_BYTES, b_base + pos.stage * STAGE_B_BYTES);
             wgmma_wait_group<0>();
-            promote_cols(acc, part, s.sa[pos.stage][r_lo], s.sa[pos.stage][r_lo + 8], &s.sb_cols[pos.stage][0], lane);
+            /* the tiles are read: release the stage before the promotion (its scales stay, see wsa) */
             if (lane == 0) mbarrier_arrive(&s.empty[pos.stage]);
+            const float* sa = &s.wsa[pos.phase][pos.stage][0];
+            promote_cols(acc, part, sa[r_lo], sa[r_lo + 8], &s.wsb[pos.phase][pos.stage][0], lane);
             pos.advance();
         }
         /* ---- epilogue: out[e, m, n] in [64 x 64] chunks through the [E, M, N] map ---- */
