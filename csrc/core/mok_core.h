@@ -235,6 +235,28 @@ int mok_grouped_gemm_fp8_blockwise(const uint8_t* a, const float* sa, const uint
                                    const int32_t* offsets, int64_t E, int64_t N, int64_t K, int64_t r_begin,
                                    int64_t r_end, uint16_t* out);
 
+/* FP8 blockwise weight gradient (a K-grouped GEMM: the contraction runs over each expert's rows of
+ * the plan's row space), the CPU op and the oracle of the sm_90a kernel. Both operands are
+ * column-wise copies (mok_quantize_blockwise_1xb of the transposed tensors, B = 128): a [M, R] and
+ * b [N, R] E4M3 codes with fp32 scales sa [M, ceil(R/128)], sb [N, ceil(R/128)] per 1x128 block
+ * along R. For expert e with rows [lo, hi) = [offsets[e], offsets[e+1]):
+ *   out[e, m, n] = sum_kb sa[m, kb] * sb[n, kb] * sum_{r in [lo, hi) and in block kb} A[m, r] * B[n, r]
+ * Block kb covers rows [128 kb, 128 kb + 128); when offsets are not multiples of 128 a block may
+ * straddle two experts, and each expert sums its own rows of it with the block's scales.
+ * Arithmetic, in this order (as mok_grouped_gemm_fp8_blockwise):
+ *   s_kb = the sum of products of decoded codes over the expert's rows of block kb, in double
+ *          (exact: at most 128 products, each a multiple of 2^-18, |s_kb| < 2^25);
+ *   acc  = sum over kb in increasing order of s_kb * ((double)sa * (double)sb), in double;
+ *   out  = mok_f32_to_bf16((float)acc).
+ * An expert with no rows gets +0. NaN codes and NaN scales propagate to the outputs they touch.
+ * out [E, M, N] bf16 bit patterns; experts [e_begin, e_end) are written (0 <= e_begin <= e_end <= E).
+ * Offsets must be non-negative, non-decreasing and offsets[E] <= R (MOK_ERR_ARG otherwise); rows
+ * before offsets[0] or at/after offsets[E] are not read. a, sa, b, sb may be NULL when R == 0. The
+ * CUDA kernel further needs M % 128 == N % 128 == 0, R % 16 == 0 and 128-aligned offsets. */
+int mok_grouped_gemm_fp8_wgrad_blockwise(const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
+                                         const int32_t* offsets, int64_t E, int64_t R, int64_t M, int64_t N,
+                                         int64_t e_begin, int64_t e_end, uint16_t* out);
+
 #ifdef __cplusplus
 }
 #endif

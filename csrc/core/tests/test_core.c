@@ -1228,6 +1228,215 @@ static void test_gemm_fp8_args(void) {
           "fp8 E = 0");
 }
 
+/* ---------------------------------------------------------------- FP8 blockwise weight gradient */
+
+/* The formula of mok_core.h, one element at a time: per expert, per 128-row block, the expert's rows
+ * of the block. */
+static void ref_wgrad_fp8(const uint8_t* a, const float* sa, const uint8_t* b, const float* sb, const int32_t* off,
+                          int64_t E, int64_t R, int64_t M, int64_t N, uint16_t* out) {
+    const int64_t nrb = (R + 127) / 128;
+    int64_t e, m, n, kb, r;
+    for (e = 0; e < E; e++)
+        for (m = 0; m < M; m++)
+            for (n = 0; n < N; n++) {
+                double acc = 0.0;
+                for (kb = 0; kb < nrb; kb++) {
+                    double s = 0.0;
+                    int any = 0;
+                    for (r = kb * 128; r < R && r < kb * 128 + 128; r++) {
+                        if (r < off[e] || r >= off[e + 1]) continue;
+                        s += (double)mok_e4m3_to_f32(a[m * R + r]) * (double)mok_e4m3_to_f32(b[n * R + r]);
+                        any = 1;
+                    }
+                    if (any) acc += s * ((double)sa[m * nrb + kb] * (double)sb[n * nrb + kb]);
+                }
+                out[(e * M + m) * N + n] = mok_f32_to_bf16((float)acc);
+            }
+}
+
+static void test_wgrad_fp8_hand(void) {
+    /* R = 200 (two scale blocks, the second partial), E = 3, M = 2, N = 1. First offsets: expert 0
+     * rows [0, 100), expert 1 rows [100, 150) (across the block boundary), expert 2 empty, rows
+     * 150-199 outside. Then expert 0 ends at 130 (its rows 128-129 use block 1's scales). */
+    enum { R = 200, E = 3, M = 2, N = 1 };
+    static uint8_t a[M * R], b[N * R];
+    float sa[M * 2] = {0.5f, 4.0f, 2.0f, 0.25f}, sb[N * 2] = {3.0f, 0.125f};
+    int32_t off[E + 1] = {0, 100, 150, 150}, off2[E + 1] = {0, 130, 199, 199};
+    uint16_t out[E * M * N];
+    int i;
+    memset(a, 0, sizeof a);
+    memset(b, 0, sizeof b);
+    a[0 * R + 1] = mok_f32_to_e4m3(2.0f);
+    b[1] = mok_f32_to_e4m3(1.5f); /* expert 0, block 0: m0 2*1.5*0.5*3 = 4.5; m1 a=0 */
+    a[1 * R + 99] = mok_f32_to_e4m3(-1.0f);
+    b[99] = mok_f32_to_e4m3(4.0f); /* expert 0, block 0: m1 -1*4*2*3 = -24 */
+    a[0 * R + 120] = mok_f32_to_e4m3(1.0f);
+    b[120] = mok_f32_to_e4m3(1.0f); /* expert 1, block 0: m0 1*0.5*3 = 1.5 */
+    a[0 * R + 129] = mok_f32_to_e4m3(8.0f);
+    b[129] = mok_f32_to_e4m3(2.0f); /* expert 1, block 1: m0 16*4*0.125 = 8 */
+    a[1 * R + 140] = mok_f32_to_e4m3(448.0f);
+    b[140] = mok_f32_to_e4m3(-0.5f); /* expert 1, block 1: m1 -224*0.25*0.125 = -7 */
+    a[0 * R + 199] = mok_f32_to_e4m3(1.0f); /* past offsets[E] = 150: must not show */
+    b[199] = mok_f32_to_e4m3(1.0f);
+    for (i = 0; i < E * M * N; i++) out[i] = 0x7777;
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(a, sa, b, sb, off, E, R, M, N, 0, E, out) == MOK_OK, "wgrad hand");
+    CHECK(out[0] == mok_f32_to_bf16(4.5f) && out[1] == mok_f32_to_bf16(-24.0f), "wgrad hand e0: %04x %04x", out[0],
+          out[1]);
+    CHECK(out[2] == mok_f32_to_bf16(9.5f) && out[3] == mok_f32_to_bf16(-7.0f), "wgrad hand e1: %04x %04x", out[2],
+          out[3]);
+    CHECK(out[4] == 0 && out[5] == 0, "wgrad hand e2 (empty) not +0: %04x %04x", out[4], out[5]);
+    /* expert 0 now owns rows 0-129: block 1's rows 128-129 with block 1's scales; expert 1 rows
+     * 130-198 (row 199 is past offsets[E]) */
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(a, sa, b, sb, off2, E, R, M, N, 0, E, out) == MOK_OK, "wgrad hand 2");
+    CHECK(out[0] == mok_f32_to_bf16(4.5f + 1.5f + 8.0f) && out[1] == mok_f32_to_bf16(-24.0f),
+          "wgrad hand straddling e0: %04x %04x", out[0], out[1]);
+    CHECK(out[2] == 0 && out[3] == mok_f32_to_bf16(-7.0f), "wgrad hand straddling e1: %04x %04x", out[2], out[3]);
+    /* A NaN code reaches its m row only, of its expert only. */
+    a[1 * R + 140] = 0x7f;
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(a, sa, b, sb, off, E, R, M, N, 0, E, out) == MOK_OK, "wgrad NaN");
+    CHECK(is_bf16_nan(out[3]) && !is_bf16_nan(out[2]) && !is_bf16_nan(out[1]) && out[5] == 0, "wgrad NaN propagation");
+}
+
+static void test_wgrad_fp8_random(void) {
+    /* (M, N, R, offsets kind): partial tiles in M and N, R not a multiple of 128, empty experts,
+     * one expert with every row, unaligned offsets (blocks straddling experts), 128-aligned ones. */
+    static const int64_t shapes[][4] = {{45, 70, 300, 0}, {128, 256, 384, 1}, {17, 33, 200, 2},
+                                        {130, 5, 129, 3}, {3, 40, 0, 4},      {20, 64, 256, 5}};
+    int si;
+    for (si = 0; si < 6; si++) {
+        const int64_t M = shapes[si][0], N = shapes[si][1], R = shapes[si][2], kind = shapes[si][3], E = 5;
+        const int64_t nrb = (R + 127) / 128;
+        int32_t off[6];
+        uint8_t* a = malloc((size_t)(M * R + 1));
+        uint8_t* b = malloc((size_t)(N * R + 1));
+        float* sa = malloc((size_t)(M * nrb + 1) * sizeof(float));
+        float* sb = malloc((size_t)(N * nrb + 1) * sizeof(float));
+        uint16_t* out = malloc((size_t)(E * M * N) * sizeof(uint16_t));
+        uint16_t* ref = malloc((size_t)(E * M * N) * sizeof(uint16_t));
+        int64_t i, e, diff = 0;
+        if (kind == 0) { /* unaligned, expert 2 empty, rows before offsets[0] and past offsets[E] */
+            const int32_t o[6] = {3, 90, 170, 170, 260, 291};
+            memcpy(off, o, sizeof o);
+        } else if (kind == 1) { /* 128-aligned (the CUDA kernel's plans), expert 1 empty */
+            const int32_t o[6] = {0, 128, 128, 256, 256, 384};
+            memcpy(off, o, sizeof o);
+        } else if (kind == 2) { /* one expert (3) with every row */
+            const int32_t o[6] = {0, 0, 0, 0, 200, 200};
+            memcpy(off, o, sizeof o);
+        } else if (kind == 3) { /* every expert inside block 0 or straddling 127/128 */
+            const int32_t o[6] = {0, 1, 2, 127, 128, 129};
+            memcpy(off, o, sizeof o);
+        } else if (kind == 4) { /* R = 0: every gradient is zero */
+            memset(off, 0, sizeof off);
+        } else { /* tile-1 plan-like: ragged counts */
+            const int32_t o[6] = {0, 37, 38, 38, 200, 256};
+            memcpy(off, o, sizeof o);
+        }
+        for (i = 0; i < M * R; i++) a[i] = rand_e4m3();
+        for (i = 0; i < N * R; i++) b[i] = rand_e4m3();
+        for (i = 0; i < M * nrb; i++) sa[i] = (float)ldexp(0.5 + rng_unif(), (int)rng_int(20) - 10);
+        for (i = 0; i < N * nrb; i++) sb[i] = (float)ldexp(0.5 + rng_unif(), (int)rng_int(20) - 10);
+        ref_wgrad_fp8(a, sa, b, sb, off, E, R, M, N, ref);
+        for (i = 0; i < E * M * N; i++) out[i] = 0x7777;
+        /* two calls over expert ranges, as the op's parallel_for does */
+        CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(a, sa, b, sb, off, E, R, M, N, 2, E, out) == MOK_OK, "wgrad");
+        CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(a, sa, b, sb, off, E, R, M, N, 0, 2, out) == MOK_OK, "wgrad");
+        for (i = 0; i < E * M * N; i++) diff += out[i] != ref[i];
+        CHECK(diff == 0, "wgrad M %d N %d R %d kind %d: %d elements differ from the formula", (int)M, (int)N, (int)R,
+              (int)kind, (int)diff);
+        for (e = 0; e < E; e++) {
+            int64_t nz = 0;
+            if (off[e + 1] > off[e]) continue;
+            for (i = 0; i < M * N; i++) nz += out[e * M * N + i] != 0;
+            CHECK(nz == 0, "wgrad M %d N %d R %d: empty expert %d not +0", (int)M, (int)N, (int)R, (int)e);
+        }
+        /* a sub-range leaves the other experts alone */
+        for (i = 0; i < E * M * N; i++) out[i] = 0x7777;
+        mok_grouped_gemm_fp8_wgrad_blockwise(a, sa, b, sb, off, E, R, M, N, 1, 3, out);
+        diff = 0;
+        for (i = 0; i < E * M * N; i++)
+            diff += (i >= 1 * M * N && i < 3 * M * N) ? out[i] != ref[i] : out[i] != 0x7777;
+        CHECK(diff == 0, "wgrad sub-range M %d N %d R %d", (int)M, (int)N, (int)R);
+        /* the formula (= out) against exact math on the decoded operands, summed over the expert's rows
+         * in any order: only the final bf16 rounding (<= 2^-8 relative, plus double noise) separates them */
+        {
+            int64_t m, n, r, bad = 0;
+            for (e = 0; e < E; e++)
+                for (m = 0; m < M; m++)
+                    for (n = 0; n < N; n++) {
+                        double s = 0.0, mag = 0.0;
+                        for (r = off[e]; r < off[e + 1]; r++) {
+                            double p = (double)mok_e4m3_to_f32(a[m * R + r]) * sa[m * nrb + r / 128] *
+                                       (double)mok_e4m3_to_f32(b[n * R + r]) * sb[n * nrb + r / 128];
+                            s += p;
+                            mag += fabs(p);
+                        }
+                        bad += fabs(mok_bf16_to_f32(ref[(e * M + m) * N + n]) - s) > 0x1p-8 * fabs(s) + 1e-12 * mag;
+                    }
+            CHECK(bad == 0, "wgrad M %d N %d R %d vs double: %d elements", (int)M, (int)N, (int)R, (int)bad);
+        }
+        free(a);
+        free(b);
+        free(sa);
+        free(sb);
+        free(out);
+        free(ref);
+    }
+}
+
+static void test_wgrad_fp8_args(void) {
+    uint8_t a[128] = {0}, b[128] = {0};
+    float sa[1] = {1.0f}, sb[1] = {1.0f};
+    uint16_t out[4];
+    int32_t off[2] = {0, 1}, dec[3] = {0, 1, 0}, neg[2] = {-1, 1}, past[2] = {0, 2};
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(a, sa, b, sb, off, 1, 1, 1, 1, 0, 1, out) == MOK_OK, "wgrad args ok");
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(a, sa, b, sb, off, -1, 1, 1, 1, 0, 0, out) == MOK_ERR_ARG,
+          "wgrad E < 0");
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(a, sa, b, sb, off, 1, -1, 1, 1, 0, 1, out) == MOK_ERR_ARG,
+          "wgrad R < 0");
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(a, sa, b, sb, off, 1, 1, -1, 1, 0, 1, out) == MOK_ERR_ARG,
+          "wgrad M < 0");
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(a, sa, b, sb, off, 1, 1, 1, -1, 0, 1, out) == MOK_ERR_ARG,
+          "wgrad N < 0");
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(a, sa, b, sb, off, 1, 1, 1, 1, -1, 1, out) == MOK_ERR_ARG,
+          "wgrad e_begin < 0");
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(a, sa, b, sb, off, 1, 1, 1, 1, 1, 0, out) == MOK_ERR_ARG,
+          "wgrad e_end < e_begin");
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(a, sa, b, sb, off, 1, 1, 1, 1, 0, 2, out) == MOK_ERR_ARG,
+          "wgrad e_end > E");
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(a, sa, b, sb, NULL, 1, 1, 1, 1, 0, 1, out) == MOK_ERR_ARG,
+          "wgrad no offsets");
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(a, sa, b, sb, dec, 2, 1, 1, 1, 0, 1, out) == MOK_ERR_ARG,
+          "wgrad decreasing offsets");
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(a, sa, b, sb, neg, 1, 1, 1, 1, 0, 1, out) == MOK_ERR_ARG,
+          "wgrad negative offset");
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(a, sa, b, sb, past, 1, 1, 1, 1, 0, 1, out) == MOK_ERR_ARG,
+          "wgrad offsets[E] > R");
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(NULL, sa, b, sb, off, 1, 1, 1, 1, 0, 1, out) == MOK_ERR_ARG,
+          "wgrad no a");
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(a, NULL, b, sb, off, 1, 1, 1, 1, 0, 1, out) == MOK_ERR_ARG,
+          "wgrad no sa");
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(a, sa, NULL, sb, off, 1, 1, 1, 1, 0, 1, out) == MOK_ERR_ARG,
+          "wgrad no b");
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(a, sa, b, NULL, off, 1, 1, 1, 1, 0, 1, out) == MOK_ERR_ARG,
+          "wgrad no sb");
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(a, sa, b, sb, off, 1, 1, 1, 1, 0, 1, NULL) == MOK_ERR_ARG,
+          "wgrad no out");
+    /* nothing to read: R == 0 needs no operands (the gradient is zero); no experts, M == 0 or N == 0
+     * need no output */
+    out[0] = out[1] = 0x7777;
+    off[1] = 0;
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(NULL, NULL, NULL, NULL, off, 1, 0, 2, 1, 0, 1, out) == MOK_OK &&
+              out[0] == 0 && out[1] == 0,
+          "wgrad R = 0");
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(NULL, NULL, NULL, NULL, off, 0, 0, 1, 1, 0, 0, NULL) == MOK_OK,
+          "wgrad E = 0");
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(NULL, NULL, NULL, NULL, off, 1, 0, 0, 1, 0, 1, NULL) == MOK_OK,
+          "wgrad M = 0");
+    CHECK(mok_grouped_gemm_fp8_wgrad_blockwise(NULL, NULL, NULL, NULL, off, 1, 0, 1, 0, 0, 1, NULL) == MOK_OK,
+          "wgrad N = 0");
+}
+
 int main(void) {
     static const mok_dtype dts[] = {MOK_F64, MOK_F32, MOK_BF16, MOK_F16};
     int i;
@@ -1252,6 +1461,9 @@ int main(void) {
     test_gemm_fp8_hand();
     test_gemm_fp8_random();
     test_gemm_fp8_args();
+    test_wgrad_fp8_hand();
+    test_wgrad_fp8_random();
+    test_wgrad_fp8_args();
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }
