@@ -144,6 +144,11 @@ def _grouped_mm_fp8_fake(a, a_scales, b, b_scales, offsets):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.bfloat16)
 
 
+@torch.library.register_fake("mok::grouped_mm_fp8_wgrad")
+def _grouped_mm_fp8_wgrad_fake(a, a_scales, b, b_scales, offsets):
+    return a.new_empty((offsets.shape[0] - 1, a.shape[0], b.shape[0]), dtype=torch.bfloat16)
+
+
 # ------------------------------------------------------------------------------------------------
 # autograd
 # ------------------------------------------------------------------------------------------------

@@ -1,12 +1,19 @@
-"""FP8 blockwise grouped GEMM (DeepSeek-V3's recipe): the op exists on the CPU (the C core) and on
-CUDA (the sm_90a kernel); it has no autograd formula. recipe="blockwise" of mok.functional.moe_experts
-and the layers runs its forward expert GEMMs on it, and with fp8_dgrad=True also the backward's dgrad
-GEMMs (on the weights' transposed codes); there is no FP8 weight-gradient GEMM yet.
+"""FP8 blockwise grouped GEMMs (DeepSeek-V3's recipe): the ops exist on the CPU (the C core) and on
+CUDA (the sm_90a kernel); they have no autograd formula. recipe="blockwise" of
+mok.functional.moe_experts and the layers runs its forward expert GEMMs on grouped_mm_blockwise, with
+fp8_dgrad=True also the backward's dgrad GEMMs (on the weights' transposed codes), and with
+fp8_wgrad=True the two weight gradients on grouped_mm_wgrad_blockwise (a K-grouped GEMM over each
+expert's rows, on column-wise copies of both operands).
 
     a_q, a_scales = mok.fp8.quantize(rows, "blockwise_1x128")          # rows [R, K]
     b_q, b_scales = mok.fp8_gemm.quantize_weight_blockwise(w)         # w [E, N, K]
     plan = mok.functional.moe_plan(topk_idx, E)                       # 128-aligned on CUDA
     out = mok.fp8_gemm.grouped_mm_blockwise(a_q, a_scales, b_q, b_scales, plan.offsets)   # [R, N] bf16
+
+    # weight gradient: d_w[e] = d_out[rows of e]^T @ rows[rows of e], [E, N, K]
+    g = mok.fp8.quantize_rowcol(d_out, "blockwise_1x128")             # d_out [R, N]: g.qt [N, R]
+    x = mok.fp8.quantize_rowcol(rows, "blockwise_1x128")              # rows [R, K]: x.qt [K, R]
+    d_w = mok.fp8_gemm.grouped_mm_wgrad_blockwise(g.qt, g.scales_t, x.qt, x.scales_t, plan.offsets)
 """
 import torch
 
@@ -47,6 +54,43 @@ def grouped_mm_blockwise(a_q, a_scales, b_q, b_scales, offsets):
 
     Forward only: there is no autograd formula (gradients do not flow through this op)."""
     return ops.grouped_mm_fp8(a_q, a_scales, b_q, b_scales, offsets)
+
+
+def grouped_mm_wgrad_blockwise(a_q, a_scales, b_q, b_scales, offsets):
+    """Weight-gradient grouped GEMM (K-grouped: the contraction runs over each expert's rows) on FP8
+    E4M3 operands with fp32 1x128 block scales along the rows, bf16 output.
+
+    Layouts (all contiguous, on one device):
+      a_q       [M, R]               float8_e4m3fn  column-wise copy of an [R, M] tensor (R contiguous)
+      a_scales  [M, ceil(R/128)]     float32        one scale per 1x128 block along R
+      b_q       [N, R]               float8_e4m3fn  column-wise copy of an [R, N] tensor
+      b_scales  [N, ceil(R/128)]     float32        one scale per 1x128 block along R
+      offsets   [E + 1]              int32          expert e owns rows [offsets[e], offsets[e+1])
+
+    For each expert e:
+      out[e, m, n] = sum_{offsets[e] <= r < offsets[e+1]} a_scales[m, r // 128] * b_scales[n, r // 128]
+                                                          * a_q[m, r] * b_q[n, r]
+    returned as bf16 [E, M, N]; an expert with no rows gets zeros; rows before offsets[0] or at/after
+    offsets[E] are not read. That is (dequantize(a)[:, rows of e] @ dequantize(b)[:, rows of e].T) for
+    each expert (mok.reference.grouped_mm_fp8_wgrad_blockwise).
+
+    Operands: the column-wise copies of mok.fp8.quantize_rowcol(x, "blockwise_1x128"): for x [R, M],
+    a_q, a_scales = its qt, scales_t (the same as mok.fp8.quantize(x.t().contiguous(), "blockwise_1x128")).
+    With x = the output gradient [R, N_w] and the GEMM's input rows [R, K_w], the result is the weight
+    gradient [E, N_w, K_w] of out = rows @ w[e]^T.
+
+    Numerics: CPU (C core) sums each (128-row block, expert) piece exactly in double, scales and adds
+    the pieces in increasing block order in double and rounds once to bf16; any offsets (a scale
+    block shared by two experts gives each its own rows of it). CUDA (Hopper, sm_90a) accumulates each
+    128-row block in fp32 on the tensor cores and promotes it, scaled, to an fp32 accumulator.
+
+    CUDA requirements: a Hopper GPU (otherwise NotImplementedError), M and N multiples of 128, R a
+    multiple of 16, 16-byte aligned tensors, and every offsets[e] a multiple of 128 (mok's CUDA plans
+    are): a misaligned offset is not checked on the host (that would synchronise with the GPU): the
+    kernel computes nothing and the next mok.check_errors() raises ValueError.
+
+    No autograd formula (gradients do not flow through this op)."""
+    return ops.grouped_mm_fp8_wgrad(a_q, a_scales, b_q, b_scales, offsets)
 
 
 def quantize_weight_blockwise(w):

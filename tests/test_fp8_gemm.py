@@ -315,3 +315,326 @@ def test_compile_fullgraph_cpu():
     want = f(a, w, plan.offsets)
     got = torch.compile(f, fullgraph=True)(a, w, plan.offsets)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+# ================================================================ weight gradient (K-grouped)
+# mok::grouped_mm_fp8_wgrad (mok.fp8_gemm.grouped_mm_wgrad_blockwise): out[e] = deq(a)[:, rows of e]
+# @ deq(b)[:, rows of e]^T, on column-wise copies a [M, R], b [N, R] with 1x128 scales along R. The
+# same tolerance TOL as the forward: the CPU op is exact up to one bf16 rounding per element; CUDA
+# adds the fp32 accumulation of each 128-row block and its fp32 promotion (~1e-6 relative), then the
+# same bf16 rounding, so CUDA against the CPU op differs by a few bf16 ulps at most (typically
+# ~1e-3 in the norm). A wrong scale block, row range or expert gives errors of order 1.
+
+
+def make_wgrad_operands(R, M, N, device):
+    """(a_q [M, R], a_scales, b_q [N, R], b_scales): the column-wise copies (quantize_rowcol's qt,
+    scales_t) of bf16 x [R, M] and y [R, N] whose magnitudes vary per row and per column, so the scales
+    differ from block to block. Rows outside the experts hold data too (it must not show)."""
+    def rows(n):
+        t = torch.randn(R, n, device=device) * torch.exp(torch.randn(R, 1, device=device))
+        return (t * torch.exp(torch.randn(1, n, device=device))).bfloat16()
+
+    xc = mok.fp8.quantize_rowcol(rows(M), "blockwise_1x128")
+    yc = mok.fp8.quantize_rowcol(rows(N), "blockwise_1x128")
+    return xc.qt, xc.scales_t, yc.qt, yc.scales_t
+
+
+# (R, offsets, M, N): explicit offsets (CPU: any offsets; a 128-row scale block may be shared by two
+# experts), or ("plan", T, K, E, routing): a CPU plan (tile 1) of that routing, R = its rows.
+WGRAD_CASES = [
+    pytest.param(300, [0, 37, 37, 200, 300], 256, 128, id="unaligned-empty-expert-R300"),
+    pytest.param(384, [0, 128, 128, 256, 384], 128, 256, id="aligned-empty-expert"),
+    pytest.param(200, [0, 0, 200, 200], 128, 128, id="one-expert-all-rows-R200"),
+    pytest.param(250, [5, 90, 130, 131, 240], 96, 40, id="rows-outside-M96-N40"),
+    pytest.param(129, [0, 127, 129], 128, 128, id="straddling-R129"),
+    pytest.param(0, [0, 0, 0], 128, 128, id="R0"),
+    pytest.param(("plan", 90, 2, 6, "empty_expert"), None, 128, 256, id="plan-empty-expert"),
+    pytest.param(("plan", 70, 1, 5, "one_expert"), None, 256, 128, id="plan-one-expert"),
+    pytest.param(("plan", 150, 4, 16, "zipf"), None, 128, 128, id="plan-zipf"),
+]
+
+
+def wgrad_offsets(R, offsets, device="cpu"):
+    """(R, offsets int32 tensor) of a case: the explicit offsets, or a CPU plan's."""
+    if isinstance(R, tuple):
+        _, T, K, E, routing = R
+        plan = mok.functional.moe_plan(make_routing(T, K, E, routing), E, tile=1)
+        return plan.src_of_row.shape[0], plan.offsets.to(device)
+    return R, torch.tensor(offsets, dtype=torch.int32, device=device)
+
+
+def run_wgrad(a_q, a_s, b_q, b_s, offsets):
+    poison(a_q.device, (offsets.shape[0] - 1) * a_q.shape[0] * b_q.shape[0])
+    out = mok.fp8_gemm.grouped_mm_wgrad_blockwise(a_q, a_s, b_q, b_s, offsets)
+    mok.check_errors(synchronize=True)
+    return out
+
+
+def wgrad_ref_from_dequantize(a_q, a_s, b_q, b_s, offsets):
+    """float64 [E, M, N] from mok.fp8.dequantize of both operands (float32 values, each within 2^-24 of
+    the exact code * scale), per expert a[:, lo:hi] @ b[:, lo:hi]^T."""
+    A = mok.fp8.dequantize(a_q.cpu(), a_s.cpu(), "blockwise_1x128").double()
+    B = mok.fp8.dequantize(b_q.cpu(), b_s.cpu(), "blockwise_1x128").double()
+    off = offsets.long().tolist()
+    out = torch.zeros(len(off) - 1, A.shape[0], B.shape[0], dtype=torch.float64)
+    for e in range(len(off) - 1):
+        out[e] = A[:, off[e]:off[e + 1]] @ B[:, off[e]:off[e + 1]].t()
+    return out
+
+
+def wgrad_core_formula(a_q, a_s, b_q, b_s, offsets):
+    """mok_core.h's arithmetic in torch: for each expert and each 128-row block, the sum of products of
+    the codes over the expert's rows of the block, exactly (float64; every partial sum is exact),
+    times (double)sa * (double)sb, blocks added in increasing order in float64, then
+    float64 -> float32 -> bf16."""
+    A, B = a_q.float().double(), b_q.float().double()
+    off = offsets.long().tolist()
+    E, M, N = len(off) - 1, a_q.shape[0], b_q.shape[0]
+    out = torch.zeros(E, M, N, dtype=torch.float64)
+    for e in range(E):
+        lo, hi = off[e], off[e + 1]
+        acc = torch.zeros(M, N, dtype=torch.float64)
+        for kb in range(lo // 128, -(-hi // 128)):
+            r0, r1 = max(lo, kb * 128), min(hi, kb * 128 + 128)
+            s = A[:, r0:r1] @ B[:, r0:r1].t()
+            acc = acc + s * (a_s[:, kb].double()[:, None] * b_s[:, kb].double()[None, :])
+        out[e] = acc
+    return out.float().bfloat16()
+
+
+@pytest.mark.parametrize("R,offsets,M,N", WGRAD_CASES)
+def test_wgrad_matches_reference(R, offsets, M, N, _fresh_seed):
+    R, offsets = wgrad_offsets(R, offsets)
+    a_q, a_s, b_q, b_s = make_wgrad_operands(R, M, N, "cpu")
+    out = run_wgrad(a_q, a_s, b_q, b_s, offsets)
+    E = offsets.shape[0] - 1
+    assert out.dtype == torch.bfloat16 and out.shape == (E, M, N)
+    ref = wgrad_ref_from_dequantize(a_q, a_s, b_q, b_s, offsets)
+    err = rel_err(out, ref)
+    assert err < TOL, f"seed {_fresh_seed}: rel. error {err:.3e} >= {TOL}"
+    # the exact float64 reference (mok.reference), per element: one bf16 rounding
+    exact = reference.grouped_mm_fp8_wgrad_blockwise(a_q, a_s, b_q, b_s, offsets)
+    assert rel_err(ref, exact) < 1e-6
+    mag = reference.grouped_mm_fp8_wgrad_blockwise(a_q.float().abs(), a_s.abs(), b_q.float().abs(), b_s.abs(), offsets)
+    assert ((out.double() - exact).abs() <= exact.abs() * 2**-8 + mag * 1e-14).all(), f"seed {_fresh_seed}"
+    counts = (offsets[1:] - offsets[:-1]).tolist()
+    for e in range(E):
+        if counts[e] == 0:
+            assert torch.equal(out[e].view(torch.int16), torch.zeros_like(out[e].view(torch.int16))), \
+                f"expert {e} has no rows: its gradient must be +0"
+        else:
+            assert torch.isfinite(out[e]).all()
+
+
+def test_wgrad_is_the_weight_gradient_up_to_fp8_rounding(_fresh_seed):
+    # The op on quantize_rowcol's column copies of d_out [R, N] and rows [R, K] is d_w[e] =
+    # d_out_e^T rows_e (out = rows @ w[e]^T) up to the E4M3 rounding of both operands (measured ~3.6%
+    # relative on these normal inputs); a transposed or mis-blocked operand gives errors of order 1.
+    R, E, N, K = 400, 3, 256, 128
+    offsets = torch.tensor([0, 150, 150, 400], dtype=torch.int32)
+    d_out, rows = torch.randn(R, N).bfloat16(), torch.randn(R, K).bfloat16()
+    g = mok.fp8.quantize_rowcol(d_out, "blockwise_1x128")
+    x = mok.fp8.quantize_rowcol(rows, "blockwise_1x128")
+    d_w = mok.fp8_gemm.grouped_mm_wgrad_blockwise(g.qt, g.scales_t, x.qt, x.scales_t, offsets)
+    assert d_w.shape == (E, N, K)
+    want = reference.grouped_mm_wgrad(d_out.double(), rows.double(), offsets)
+    assert 1e-2 < rel_err(d_w, want) < 0.08, f"seed {_fresh_seed}"
+
+
+@pytest.mark.parametrize("R,offsets,M,N", WGRAD_CASES)
+def test_wgrad_cpu_is_the_core_formula_bit_exact(R, offsets, M, N, _fresh_seed):
+    R, offsets = wgrad_offsets(R, offsets)
+    a_q, a_s, b_q, b_s = make_wgrad_operands(R, M, N, "cpu")
+    out = mok.fp8_gemm.grouped_mm_wgrad_blockwise(a_q, a_s, b_q, b_s, offsets)
+    want = wgrad_core_formula(a_q, a_s, b_q, b_s, offsets)
+    diff = (out.view(torch.int16) != want.view(torch.int16)).sum().item()
+    assert diff == 0, f"seed {_fresh_seed}: {diff} elements differ from the core's documented arithmetic"
+
+
+def test_wgrad_cpu_result_does_not_depend_on_thread_count():
+    R, offsets = wgrad_offsets(("plan", 300, 2, 8, "zipf"), None)
+    a_q, a_s, b_q, b_s = make_wgrad_operands(R, 128, 256, "cpu")
+    out = mok.fp8_gemm.grouped_mm_wgrad_blockwise(a_q, a_s, b_q, b_s, offsets)
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = mok.fp8_gemm.grouped_mm_wgrad_blockwise(a_q, a_s, b_q, b_s, offsets)
+    finally:
+        torch.set_num_threads(n)
+    assert torch.equal(out.view(torch.int16), one.view(torch.int16))
+    again = mok.fp8_gemm.grouped_mm_wgrad_blockwise(a_q, a_s, b_q, b_s, offsets)
+    assert torch.equal(out.view(torch.int16), again.view(torch.int16)), "two runs differ"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wgrad_nan_passes_through(device):
+    # A NaN in x[5, 3] gives its whole column block (rows 0-127 of column 3) NaN codes and scale:
+    # out[0, 3, :] (expert 0 owns rows 0-127) is NaN, nothing else.
+    R, M, N = 256, 128, 128
+    x = torch.randn(R, M, device=device)
+    x[5, 3] = float("nan")
+    a = mok.fp8.quantize_rowcol(x.bfloat16(), "blockwise_1x128")
+    b = mok.fp8.quantize_rowcol(torch.randn(R, N, device=device).bfloat16(), "blockwise_1x128")
+    offsets = torch.tensor([0, 128, 256], dtype=torch.int32, device=device)
+    out = run_wgrad(a.qt, a.scales_t, b.qt, b.scales_t, offsets).cpu()
+    assert torch.isnan(out[0, 3]).all()
+    mask = torch.ones_like(out, dtype=torch.bool)
+    mask[0, 3] = False
+    assert torch.isfinite(out[mask]).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wgrad_degenerate_sizes(device):
+    f8 = torch.float8_e4m3fn
+    z = lambda *s, dt=f8: torch.zeros(*s, device=device, dtype=dt)  # noqa: E731
+    off = lambda *v: torch.tensor(v, dtype=torch.int32, device=device)  # noqa: E731
+    # No experts.
+    out = run_wgrad(z(128, 128), z(128, 1, dt=torch.float32), z(128, 128), z(128, 1, dt=torch.float32), off(0))
+    assert out.shape == (0, 128, 128)
+    # R = 0: every expert's gradient is an empty sum (0), written.
+    out = run_wgrad(z(128, 0), z(128, 0, dt=torch.float32), z(256, 0), z(256, 0, dt=torch.float32), off(0, 0, 0))
+    assert out.shape == (2, 128, 256) and (out == 0).all()
+    # M = 0, N = 0.
+    out = run_wgrad(z(0, 128), z(0, 1, dt=torch.float32), z(128, 128), z(128, 1, dt=torch.float32), off(0, 128))
+    assert out.shape == (1, 0, 128)
+    out = run_wgrad(z(128, 128), z(128, 1, dt=torch.float32), z(0, 128), z(0, 1, dt=torch.float32), off(0, 128))
+    assert out.shape == (1, 128, 0)
+
+
+def good_wgrad_args(R=256, M=256, N=128):
+    a = mok.fp8.quantize_rowcol(torch.randn(R, M), "blockwise_1x128")
+    b = mok.fp8.quantize_rowcol(torch.randn(R, N), "blockwise_1x128")
+    return [a.qt, a.scales_t, b.qt, b.scales_t, torch.tensor([0, 128, 256], dtype=torch.int32)]
+
+
+def with_wgrad_arg(i, value):
+    args = good_wgrad_args()
+    args[i] = value
+    return args
+
+
+WGRAD_BAD = [
+    pytest.param(with_wgrad_arg(0, torch.randn(256, 256).bfloat16()), r"a must be Float8_e4m3fn, got BFloat16",
+                 id="a-dtype"),
+    pytest.param(with_wgrad_arg(0, torch.zeros(256, 256, 2, dtype=torch.float8_e4m3fn)), r"a must be 2-D \[M, R\]",
+                 id="a-dim"),
+    pytest.param(with_wgrad_arg(0, torch.zeros(256, 256, dtype=torch.float8_e4m3fn).t()), r"a must be contiguous",
+                 id="a-strides"),
+    pytest.param(with_wgrad_arg(1, torch.ones(256, 3)),
+                 r"a_scales must have shape \[M, ceil\(R / 128\)\] = \[256, 2\]", id="a_scales-shape"),
+    pytest.param(with_wgrad_arg(1, torch.ones(256, 2, dtype=torch.float64)), r"a_scales must be Float, got Double",
+                 id="a_scales-dtype"),
+    pytest.param(with_wgrad_arg(2, torch.zeros(128, 256).bfloat16()), r"b must be Float8_e4m3fn", id="b-dtype"),
+    pytest.param(with_wgrad_arg(2, torch.zeros(1, 128, 256, dtype=torch.float8_e4m3fn)), r"b must be 2-D \[N, R\]",
+                 id="b-dim"),
+    pytest.param(with_wgrad_arg(2, torch.zeros(128, 384, dtype=torch.float8_e4m3fn)), r"b.shape\[1\] must be 256",
+                 id="b-R"),
+    pytest.param(with_wgrad_arg(3, torch.ones(128, 1)),
+                 r"b_scales must have shape \[N, ceil\(R / 128\)\] = \[128, 2\]", id="b_scales-shape"),
+    pytest.param(with_wgrad_arg(3, torch.ones(128, 2).t().contiguous().t()), r"b_scales must be contiguous",
+                 id="b_scales-strides"),
+    pytest.param(with_wgrad_arg(4, torch.tensor([0, 128, 256])), r"offsets must be Int, got Long",
+                 id="offsets-dtype"),
+    pytest.param(with_wgrad_arg(4, torch.zeros(1, 3, dtype=torch.int32)), r"offsets must be 1-D \[E \+ 1\]",
+                 id="offsets-dim"),
+    pytest.param(with_wgrad_arg(4, torch.zeros(0, dtype=torch.int32)), r"offsets must hold E \+ 1 >= 1 values",
+                 id="offsets-empty"),
+    pytest.param(with_wgrad_arg(4, torch.tensor([0, 200, 128], dtype=torch.int32)),
+                 r"offsets must be non-negative and non-decreasing", id="offsets-decreasing"),
+    pytest.param(with_wgrad_arg(4, torch.tensor([-128, 0, 128], dtype=torch.int32)), r"offsets must be non-negative",
+                 id="offsets-negative"),
+    pytest.param(with_wgrad_arg(4, torch.tensor([0, 128, 384], dtype=torch.int32)),
+                 r"offsets\[E\] must be at most R = 256", id="offsets-past-R"),
+]
+
+
+@pytest.mark.parametrize("args,match", WGRAD_BAD)
+def test_wgrad_bad_input_names_the_argument(args, match):
+    with pytest.raises(ValueError, match=match):
+        mok.fp8_gemm.grouped_mm_wgrad_blockwise(*args)
+
+
+def wgrad_opcheck_cases(device):
+    tile = 128 if device == "cuda" else 1
+    cases = []
+    for T, K, E, routing in [(13, 2, 4, "empty_expert"), (0, 2, 3, "random")]:
+        plan = mok.functional.moe_plan(make_routing(T, K, E, routing).to(device), E, tile=tile)
+        a_q, a_s, b_q, b_s = make_wgrad_operands(plan.src_of_row.shape[0], 128, 256, device)
+        cases.append((a_q, a_s, b_q, b_s, plan.offsets))
+    return cases
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wgrad_opcheck(device):
+    # NOTE: opcheck's schema test does arithmetic on the inputs, which float8 tensors do not support.
+    utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    for args in wgrad_opcheck_cases(device):
+        torch.library.opcheck(ops.grouped_mm_fp8_wgrad.default, args, test_utils=utils)
+
+
+def test_wgrad_compile_fullgraph_cpu():
+    def f(d_out, rows, offsets):
+        g = mok.fp8.quantize_rowcol(d_out, "blockwise_1x128")
+        x = mok.fp8.quantize_rowcol(rows, "blockwise_1x128")
+        return mok.fp8_gemm.grouped_mm_wgrad_blockwise(g.qt, g.scales_t, x.qt, x.scales_t, offsets)
+
+    plan = mok.functional.moe_plan(make_routing(60, 2, 4, "random"), 4, tile=1)
+    R = plan.src_of_row.shape[0]
+    d_out, rows = torch.randn(R, 256).bfloat16(), torch.randn(R, 128).bfloat16()
+    want = f(d_out, rows, plan.offsets)
+    got = torch.compile(f, fullgraph=True)(d_out, rows, plan.offsets)
+    assert got.shape == (4, 256, 128)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+# ---------------------------------------------------------------- weight gradient on CUDA
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,K,E,M,N,routing", [
+    (200, 2, 8, 384, 512, "zipf"),
+    (150, 2, 6, 256, 128, "empty_expert"),
+    (90, 1, 5, 128, 256, "one_expert"),
+    (1, 2, 4, 128, 128, "random"),
+    (0, 2, 4, 128, 128, "random"),
+], ids=["zipf", "empty-expert", "one-expert", "T1", "T0"])
+def test_wgrad_cuda_matches_cpu_op(T, K, E, M, N, routing, _fresh_seed):
+    # CUDA plans (tile 128): 128-aligned offsets, R a multiple of 128, rows past offsets[E] hold data.
+    plan = mok.functional.moe_plan(make_routing(T, K, E, routing).cuda(), E, tile=128)
+    a_q, a_s, b_q, b_s = make_wgrad_operands(plan.src_of_row.shape[0], M, N, "cuda")
+    out = run_wgrad(a_q, a_s, b_q, b_s, plan.offsets)
+    assert out.shape == (E, M, N) and out.dtype == torch.bfloat16 and out.is_cuda
+    cpu = mok.fp8_gemm.grouped_mm_wgrad_blockwise(a_q.cpu(), a_s.cpu(), b_q.cpu(), b_s.cpu(), plan.offsets.cpu())
+    assert rel_err(out, cpu) < TOL, f"seed {_fresh_seed}"
+    out_c = out.cpu()
+    assert torch.isfinite(out_c).all(), f"seed {_fresh_seed}: outputs left unwritten (NaN poison)"
+    counts = plan.counts.cpu()
+    for e in range(E):
+        if counts[e] == 0:
+            assert (out_c[e] == 0).all(), f"expert {e} has no rows: its gradient must be 0"
+    again = run_wgrad(a_q, a_s, b_q, b_s, plan.offsets)
+    assert torch.equal(out.view(torch.int16), again.view(torch.int16)), "two runs differ"
+
+
+@pytest.mark.gpu
+def test_wgrad_cuda_misaligned_offsets_raise():
+    mok.check_errors(synchronize=True)  # nothing stale
+    a_q, a_s, b_q, b_s = make_wgrad_operands(256, 128, 128, "cuda")
+    offsets = torch.tensor([0, 100, 256], dtype=torch.int32, device="cuda")
+    mok.fp8_gemm.grouped_mm_wgrad_blockwise(a_q, a_s, b_q, b_s, offsets)  # no host check: no sync
+    with pytest.raises(ValueError, match="not multiples of 128"):
+        mok.check_errors(synchronize=True)
+    mok.check_errors(synchronize=True)  # the error was cleared
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("R,M,N,match", [
+    (256, 96, 128, r"M \(a.shape\[0\]\) must be a multiple of 128 on CUDA"),
+    (256, 128, 200, r"N \(b.shape\[0\]\) must be a multiple of 128 on CUDA"),
+    (200, 128, 128, r"R \(a.shape\[1\] and b.shape\[1\]\) must be a multiple of 16 on CUDA"),
+], ids=["M96", "N200", "R200"])
+def test_wgrad_cuda_shape_rules(R, M, N, match):
+    a_q, a_s, b_q, b_s = make_wgrad_operands(R, M, N, "cuda")
+    offsets = torch.tensor([0, 128, 128], dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match=match):
+        mok.fp8_gemm.grouped_mm_wgrad_blockwise(a_q, a_s, b_q, b_s, offsets)

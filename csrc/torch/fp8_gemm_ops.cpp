@@ -1,5 +1,5 @@
-// FP8 blockwise grouped GEMM op (no autograd formula; recipe="blockwise" of the layers calls it for
-// the forward GEMMs and, with fp8_dgrad=True, the dgrad GEMMs: mok/_fp8_experts.py):
+// FP8 blockwise grouped GEMM ops (no autograd formula; recipe="blockwise" of the layers calls the first
+// for the forward GEMMs and, with fp8_dgrad=True, the dgrad GEMMs: mok/_fp8_experts.py):
 //
 //   grouped_mm_fp8(a [R, K] e4m3, a_scales [R, K/128] f32, b [E, N, K] e4m3,
 //                  b_scales [E, N/128, K/128] f32, offsets [E + 1] i32) -> out [R, N] bf16
@@ -12,6 +12,20 @@
 // sm_90a kernel of csrc/cuda/grouped_gemm_fp8_sm90.cu (fp32 promotion every 128 of K), which also
 // needs 128-aligned offsets: a misaligned one is reported through the device error word
 // (mok.check_errors raises), since checking it here would synchronise with the GPU.
+//
+// Its weight-gradient form (a K-grouped GEMM; recipe="blockwise" with fp8_wgrad=True calls it for
+// both expert weights' gradients):
+//
+//   grouped_mm_fp8_wgrad(a [M, R] e4m3, a_scales [M, ceil(R/128)] f32, b [N, R] e4m3,
+//                        b_scales [N, ceil(R/128)] f32, offsets [E + 1] i32) -> out [E, M, N] bf16
+//
+//   out[e, m, n] = sum over rows r in [offsets[e], offsets[e + 1]) of deq(a)[m, r] * deq(b)[n, r]
+//
+// with deq(a)[m, r] = e4m3(a[m, r]) * a_scales[m, r / 128]: a and b are column-wise copies (the qt,
+// scales_t of mok.fp8.quantize_rowcol(x, "blockwise_1x128") of x [R, M] and [R, N]). An expert with
+// no rows gets zeros. CPU: the C core (mok_grouped_gemm_fp8_wgrad_blockwise, any offsets). CUDA: the
+// kWgrad variant of the same sm_90a kernel, which needs M and N multiples of 128, R of 16 and
+// 128-aligned offsets (a misaligned one: the device error word, as above).
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -80,6 +94,40 @@ void grouped_mm_fp8_cuda(const at::Tensor& a, const at::Tensor& a_scales, const 
                                 "there is no other CUDA path yet, use the CPU op");
     check_status(mok_grouped_gemm_fp8_cuda(&g, at::cuda::getCurrentCUDAStream(a.device().index()).stream()), op);
 }
+
+void grouped_mm_fp8_wgrad_cuda(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
+                               const at::Tensor& b_scales, const at::Tensor& offsets, at::Tensor& out, const char* op) {
+    const int64_t M = a.size(0), R = a.size(1), N = b.size(0);
+    TORCH_CHECK_VALUE(M % kBlock == 0, op, ": M (a.shape[0]) must be a multiple of 128 on CUDA (the kernel's ",
+                      "tile), got ", M);
+    TORCH_CHECK_VALUE(N % kBlock == 0, op, ": N (b.shape[0]) must be a multiple of 128 on CUDA (the kernel's ",
+                      "tile), got ", N);
+    TORCH_CHECK_VALUE(R % 16 == 0, op, ": R (a.shape[1] and b.shape[1]) must be a multiple of 16 on CUDA (the TMA ",
+                      "row pitch of a and b), got ", R, "; mok's CUDA plans have a multiple of 128 rows");
+    check_aligned(a, op, "a");
+    check_aligned(a_scales, op, "a_scales");
+    check_aligned(b, op, "b");
+    check_aligned(b_scales, op, "b_scales");
+    c10::cuda::CUDAGuard guard(a.device());
+    mok_grouped_gemm_fp8_wgrad_args g{};
+    g.a = a.data_ptr();
+    g.sa = a_scales.data_ptr<float>();
+    g.b = b.data_ptr();
+    g.sb = b_scales.data_ptr<float>();
+    g.offsets = offsets.data_ptr<int32_t>();
+    g.R = R;
+    g.E = out.size(0);
+    g.M = M;
+    g.N = N;
+    g.out = out.data_ptr();
+    g.error_flag = cuda::device_error_word();
+    g.num_sms = at::cuda::getDeviceProperties(a.device().index())->multiProcessorCount;
+    TORCH_CHECK_NOT_IMPLEMENTED(mok_grouped_gemm_fp8_wgrad_supported(&g), op,
+                                ": the CUDA kernel needs a Hopper (sm_90) GPU (and MOK_DISABLE_SM90 unset); "
+                                "there is no other CUDA path yet, use the CPU op");
+    check_status(mok_grouped_gemm_fp8_wgrad_cuda(&g, at::cuda::getCurrentCUDAStream(a.device().index()).stream()),
+                 op);
+}
 #endif
 
 at::Tensor grouped_mm_fp8(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
@@ -131,16 +179,72 @@ at::Tensor grouped_mm_fp8(const at::Tensor& a, const at::Tensor& a_scales, const
     return out;
 }
 
+at::Tensor grouped_mm_fp8_wgrad(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
+                                const at::Tensor& b_scales, const at::Tensor& offsets) {
+    const char* op = "mok.grouped_mm_fp8_wgrad";
+    check_fp8_operand(a, 2, op, "a", "[M, R]");
+    check_fp8_operand(b, 2, op, "b", "[N, R]");
+    check_same_device(b, a, op, "b", "a");
+    const int64_t M = a.size(0), R = a.size(1), N = b.size(0), nrb = (R + kBlock - 1) / kBlock;
+    check_size(b, 1, R, op, "b", "R, the columns of a: both operands run over the same rows");
+    check_scales(a_scales, a, {M, nrb}, op, "a_scales", "[M, ceil(R / 128)]", "blockwise_1x128");
+    check_scales(b_scales, a, {N, nrb}, op, "b_scales", "[N, ceil(R / 128)]", "blockwise_1x128");
+    check_index(offsets, a, op, "offsets");
+    check_dim(offsets, 1, op, "offsets", "[E + 1]");
+    TORCH_CHECK_VALUE(offsets.size(0) >= 1, op, ": offsets must hold E + 1 >= 1 values, got shape ",
+                      shape_str(offsets));
+    const int64_t E = offsets.size(0) - 1;
+
+    // The kernels write every expert's gradient (zeros for an expert without rows).
+    auto out = at::empty({E, M, N}, a.options().dtype(at::kBFloat16));
+    if (out.numel() == 0) return out;
+#ifdef MOK_WITH_CUDA
+    if (a.is_cuda()) {
+        grouped_mm_fp8_wgrad_cuda(a, a_scales, b, b_scales, offsets, out, op);
+        return out;
+    }
+#endif
+    const auto* ap = static_cast<const uint8_t*>(a.data_ptr());
+    const auto* bp = static_cast<const uint8_t*>(b.data_ptr());
+    const float* sap = a_scales.data_ptr<float>();
+    const float* sbp = b_scales.data_ptr<float>();
+    const int32_t* offp = offsets.data_ptr<int32_t>();
+    auto* outp = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+    for (int64_t e = 0; e <= E; ++e) {
+        const int32_t prev = e ? offp[e - 1] : 0;
+        TORCH_CHECK_VALUE(offp[e] >= prev, op, ": offsets must be non-negative and non-decreasing (a plan's expert ",
+                          "row offsets), got offsets[", e, "] = ", offp[e], e ? " after " : "",
+                          e ? std::to_string(prev) : "");
+    }
+    TORCH_CHECK_VALUE(offp[E] <= R, op, ": offsets[E] must be at most R = ", R,
+                      " (a.shape[1], the rows the operands hold), got ", offp[E]);
+    // Experts are independent and each element's arithmetic does not depend on the split: the result
+    // is the same for any thread count. About 1M multiply-adds per task.
+    const int64_t work = std::max<int64_t>(1, M * N * (static_cast<int64_t>(offp[E]) - offp[0]) / E);
+    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 20) / work);
+    at::parallel_for(0, E, grain, [&](int64_t e0, int64_t e1) {
+        check_status(mok_grouped_gemm_fp8_wgrad_blockwise(ap, sap, bp, sbp, offp, E, R, M, N, e0, e1, outp), op);
+    });
+    return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(mok, m) {
     m.def("grouped_mm_fp8(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, Tensor offsets) -> Tensor");
+    m.def("grouped_mm_fp8_wgrad(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, Tensor offsets) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(mok, CPU, m) { m.impl("grouped_mm_fp8", &grouped_mm_fp8); }
+TORCH_LIBRARY_IMPL(mok, CPU, m) {
+    m.impl("grouped_mm_fp8", &grouped_mm_fp8);
+    m.impl("grouped_mm_fp8_wgrad", &grouped_mm_fp8_wgrad);
+}
 
 #ifdef MOK_WITH_CUDA
-TORCH_LIBRARY_IMPL(mok, CUDA, m) { m.impl("grouped_mm_fp8", &grouped_mm_fp8); }
+TORCH_LIBRARY_IMPL(mok, CUDA, m) {
+    m.impl("grouped_mm_fp8", &grouped_mm_fp8);
+    m.impl("grouped_mm_fp8_wgrad", &grouped_mm_fp8_wgrad);
+}
 #endif
 
 }  // namespace mok
