@@ -2,8 +2,9 @@
 torchtitan-style torch._grouped_mm experts (eager and torch.compile'd) and the naive per-expert loop,
 on the same inputs (x, weights, routing) in one run. 'mok_fp8' is mok with recipe="blockwise" (FP8
 forward GEMMs, BF16 backward; H and I multiples of 128), 'mok_fp8_dgrad' the same with the two dgrad
-GEMMs of the backward in FP8 too, both compared with the BF16 layers at the FP8 tolerance; 'vs mok'
-is mok's BF16 fwd+bwd time over the row's.
+GEMMs of the backward in FP8 too, 'mok_fp8_all' with the two weight-gradient GEMMs in FP8 as well
+(fp8_dgrad=True, fp8_wgrad=True: every expert GEMM in FP8), all compared with the BF16 layers at the
+FP8 tolerance; 'vs mok' is mok's BF16 fwd+bwd time over the row's.
 
     python benchmarks/bench_moe_layer.py                       # every shape, balanced and skewed routing
     python benchmarks/bench_moe_layer.py --shapes qwen3_30b_a3b --routing balanced --iters 50
@@ -44,7 +45,8 @@ QUICK_SHAPES = {
 }
 ROUTINGS = ("balanced", "skewed")
 ZIPF_EXPONENT = 1.2
-IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "compiled", "naive")  # eager first: the reference for errors and ratios
+# eager first: the reference for errors and ratios
+IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "compiled", "naive")
 NAIVE_MAX_S = 1.0  # --naive auto: time the naive loop only if one fwd+bwd takes less than this
 ERR_TOL = 2e-2
 ERR_TOL_FP8 = 0.12  # E4M3 operands in both forward GEMMs: ~0.065 against the BF16 layer (tests/test_fp8_experts.py)
@@ -244,6 +246,8 @@ def main(argv=None):
     table = {"eager": baselines.grouped_mm_experts, "mok": mok.functional.moe_experts,
              "mok_fp8": functools.partial(mok.functional.moe_experts, recipe="blockwise"),
              "mok_fp8_dgrad": functools.partial(mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True),
+             "mok_fp8_all": functools.partial(mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True,
+                                              fp8_wgrad=True),
              "naive": baselines.naive_experts}
     if "compiled" in wanted:
         table["compiled"] = baselines.compiled_grouped_mm_experts(dev.type, torch.bfloat16)

@@ -1,21 +1,35 @@
 """The routed experts under the "blockwise" FP8 recipe (DeepSeek-V3's scaling): both expert GEMMs
-of the forward run on E4M3 operands; the backward in BF16, or with its two dgrad GEMMs in FP8 too
-(fp8_dgrad=True).
+of the forward run on E4M3 operands; the backward's GEMMs in BF16, or in FP8 too: its two dgrad
+GEMMs with fp8_dgrad=True, its two weight-gradient GEMMs with fp8_wgrad=True (either or both).
 
-    x_rows = gather(x)                                     bf16 [R, H] (also the wgrad operand)
+    x_rows = gather(x)                                     bf16 [R, H]
     h      = FP8GEMM(q(x_rows), Q(gate_up))                 q: 1 x 128 scales, Q: 128 x 128 scales
     act    = SwiGLU(h)                                      bf16 [R, I]
     rows   = FP8GEMM(q(act), Q(down))
     y      = combine(rows)
 
-The backward is the BF16 path's, on the saved bf16 tensors (x_rows, h, act) and the bf16 weights:
-dgrad and weight gradient of each GEMM with mok's BF16 kernels ("FP8 forward, BF16 backward": the
-gradients are those of the BF16 formulas at the FP8 forward's activations). With fp8_dgrad=True the
-two dgrad GEMMs run on the same FP8 kernel: the incoming gradient quantised 1 x 128 along the GEMM's
-K, the weight's codes transposed per expert (a 128 x 128 block of W^T is the transposed block of W
-with the same scale, so these are exactly the codes of quantize(W^T)); the weight gradients stay in
-BF16 (their contraction runs over each expert's tokens, which needs column-wise copies and a
-ragged-K FP8 kernel: not built yet).
+What runs in FP8 under each option (every FP8 operand quantised along its GEMM's K, from BF16):
+
+    GEMM                                    default   fp8_dgrad   fp8_wgrad
+    forward  h, rows                        FP8       FP8         FP8
+    dgrad    d_act = d_rows @ down[e]       BF16      FP8         BF16 (FP8 with fp8_dgrad)
+             d_x  <- d_h @ gate_up[e]       BF16      FP8         BF16 (FP8 with fp8_dgrad)
+    wgrad    d_down[e]    = d_rows^T act    BF16      BF16        FP8
+             d_gate_up[e] = d_h^T x_rows    BF16      BF16        FP8
+
+The default backward is the BF16 path's, on the saved bf16 tensors (x_rows, h, act) and the bf16
+weights ("FP8 forward, BF16 backward": the gradients are those of the BF16 formulas at the FP8
+forward's activations). fp8_dgrad=True: the two dgrad GEMMs run on the same FP8 kernel, the
+incoming gradient quantised 1 x 128 along the GEMM's K, the weight's codes transposed per expert
+(a 128 x 128 block of W^T is the transposed block of W with the same scale, so these are exactly the
+codes of quantize(W^T)). fp8_wgrad=True: the weight gradients contract over each expert's rows, so
+both operands are column-wise copies quantised 1 x 128 along the rows, on the K-grouped FP8 GEMM
+(mok.fp8_gemm.grouped_mm_wgrad_blockwise): the forward quantises x_rows and act once with
+mok.fp8.quantize_rowcol (the row-wise copy feeds the forward GEMM, the column-wise copy is saved for
+the backward instead of the bf16 tensor: about half the bytes); the backward quantises d_h and
+d_rows column-wise (with quantize_rowcol when fp8_dgrad needs their row-wise copy as well), giving
+d_gate_up [E, 2I, H] = wgrad(col(d_h), col(x_rows)) and d_down [E, H, I] = wgrad(col(d_rows),
+col(act)) in bf16.
 
 Weights are quantised once per version: the codes and scales are cached on the weight tensor and
 reused until the tensor changes in place (an optimizer step bumps its version counter) or is
@@ -25,6 +39,7 @@ Shapes: H, I multiples of 128 (whole scale blocks, as the FP8 GEMM needs); bf16 
 """
 import torch
 
+from . import fp8
 from ._gate_up import gate_up_backward
 from ._ops import ops
 from .fp8_gemm import BLOCK, quantize_weight_blockwise
@@ -80,58 +95,97 @@ def _fp8_mm(a, w_q, w_s, offsets):
     return ops.grouped_mm_fp8(a_q, a_s, w_q, w_s, offsets)
 
 
+def _quantize_grad(g, row, col):
+    """((q, scales) row-wise or None, (qt, scales_t) column-wise or None) of an incoming gradient
+    g [R, N]: one quantize_rowcol when both are needed, else only the copy that is."""
+    if row and col:
+        rc = fp8.quantize_rowcol(g, ACT_RECIPE)
+        return (rc.q, rc.scales), (rc.qt, rc.scales_t)
+    if row:
+        return fp8.quantize(g, ACT_RECIPE), None
+    if col:
+        return None, fp8.quantize(g.t().contiguous(), ACT_RECIPE)
+    return None, None
+
+
 class _Fp8GateUp(torch.autograd.Function):
     """h = x_rows @ gate_up[e]^T in FP8; backward as mok's BF16 _GateUp (d_x summed over each
-    token's rows, d_gate_up over x_rows), its dgrad in FP8 when the transposed codes are given."""
+    token's rows, d_gate_up over x_rows), its dgrad in FP8 when the transposed codes are given, its
+    weight gradient in FP8 when fp8_wgrad (then x_rows' column-wise codes are saved, not x_rows)."""
 
     @staticmethod
-    def forward(ctx, x, gate_up, src_of_row, row_of, top_k, offsets, x_rows, w_q, w_s, wt_q, wt_s):
-        h = _fp8_mm(x_rows, w_q, w_s, offsets)
-        ctx.save_for_backward(x, gate_up, src_of_row, row_of, offsets, x_rows, wt_q, wt_s)
+    def forward(ctx, x, gate_up, src_of_row, row_of, top_k, offsets, x_rows, w_q, w_s, wt_q, wt_s, fp8_wgrad):
+        xt_q = xt_s = None
+        if fp8_wgrad:
+            xq = fp8.quantize_rowcol(x_rows, ACT_RECIPE)
+            h = ops.grouped_mm_fp8(xq.q, xq.scales, w_q, w_s, offsets)
+            xt_q, xt_s, x_rows = xq.qt, xq.scales_t, None
+        else:
+            h = _fp8_mm(x_rows, w_q, w_s, offsets)
+        ctx.save_for_backward(x, gate_up, src_of_row, row_of, offsets, x_rows, wt_q, wt_s, xt_q, xt_s)
         ctx.top_k = top_k
         ctx.set_materialize_grads(False)
         return h
 
     @staticmethod
     def backward(ctx, d_h):
-        x, gate_up, src_of_row, row_of, offsets, x_rows, wt_q, wt_s = ctx.saved_tensors
+        x, gate_up, src_of_row, row_of, offsets, x_rows, wt_q, wt_s, xt_q, xt_s = ctx.saved_tensors
         if d_h is None:
-            return (None,) * 11
+            return (None,) * 12
         d_h = d_h.contiguous()
-        fp8_dgrad = wt_q is not None and ctx.needs_input_grad[0]
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        fp8_dgrad = wt_q is not None and need_x
+        fp8_wgrad = xt_q is not None and need_w
+        g_row, g_col = _quantize_grad(d_h, fp8_dgrad, fp8_wgrad)
         d_x, d_w = gate_up_backward(d_h, x, src_of_row, row_of, ctx.top_k, gate_up, offsets, x_rows,
-                                    ctx.needs_input_grad[0] and not fp8_dgrad, ctx.needs_input_grad[1])
+                                    need_x and not fp8_dgrad, need_w and not fp8_wgrad)
         if fp8_dgrad:
-            d_x = ops.combine(_fp8_mm(d_h, wt_q, wt_s, offsets), row_of, src_of_row, None)
-        return d_x, d_w, None, None, None, None, None, None, None, None, None
+            d_x = ops.combine(ops.grouped_mm_fp8(*g_row, wt_q, wt_s, offsets), row_of, src_of_row, None)
+        if fp8_wgrad:
+            d_w = ops.grouped_mm_fp8_wgrad(*g_col, xt_q, xt_s, offsets)  # [E, 2I, H]
+        return d_x, d_w, None, None, None, None, None, None, None, None, None, None
 
 
 class _Fp8Down(torch.autograd.Function):
     """rows = act @ down[e]^T in FP8; backward as mok.grouped_mm's (NT) in BF16, its dgrad in FP8
-    when the transposed codes are given."""
+    when the transposed codes are given, its weight gradient in FP8 when fp8_wgrad (then act's
+    column-wise codes are saved, not act)."""
 
     @staticmethod
-    def forward(ctx, act, down, offsets, w_q, w_s, wt_q, wt_s):
-        rows = _fp8_mm(act, w_q, w_s, offsets)
-        ctx.save_for_backward(act, down, offsets, wt_q, wt_s)
+    def forward(ctx, act, down, offsets, w_q, w_s, wt_q, wt_s, fp8_wgrad):
+        at_q = at_s = None
+        if fp8_wgrad:
+            aq = fp8.quantize_rowcol(act, ACT_RECIPE)
+            rows = ops.grouped_mm_fp8(aq.q, aq.scales, w_q, w_s, offsets)
+            at_q, at_s, act = aq.qt, aq.scales_t, None
+        else:
+            rows = _fp8_mm(act, w_q, w_s, offsets)
+        ctx.save_for_backward(act, down, offsets, wt_q, wt_s, at_q, at_s)
         ctx.set_materialize_grads(False)
         return rows
 
     @staticmethod
     def backward(ctx, d_rows):
-        act, down, offsets, wt_q, wt_s = ctx.saved_tensors
+        act, down, offsets, wt_q, wt_s, at_q, at_s = ctx.saved_tensors
         if d_rows is None:
-            return (None,) * 7
+            return (None,) * 8
         d_rows = d_rows.contiguous()
+        need_a, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        fp8_dgrad = wt_q is not None and need_a
+        fp8_wgrad = at_q is not None and need_w
+        g_row, g_col = _quantize_grad(d_rows, fp8_dgrad, fp8_wgrad)
         d_act = d_down = None
-        if ctx.needs_input_grad[0]:
-            if wt_q is not None:
-                d_act = _fp8_mm(d_rows, wt_q, wt_s, offsets)
+        if need_a:
+            if fp8_dgrad:
+                d_act = ops.grouped_mm_fp8(*g_row, wt_q, wt_s, offsets)
             else:
                 d_act = ops.grouped_mm(d_rows, None, 1, down, offsets, False)
-        if ctx.needs_input_grad[1]:
-            d_down = ops.grouped_mm_wgrad(d_rows, act, None, 1, offsets)
-        return d_act, d_down, None, None, None, None, None
+        if need_w:
+            if fp8_wgrad:
+                d_down = ops.grouped_mm_fp8_wgrad(*g_col, at_q, at_s, offsets)  # [E, H, I]
+            else:
+                d_down = ops.grouped_mm_wgrad(d_rows, act, None, 1, offsets)
+        return d_act, d_down, None, None, None, None, None, None
 
 
 def check_blockwise_args(x, gate_up_proj):
@@ -146,21 +200,26 @@ def check_blockwise_args(x, gate_up_proj):
         )
 
 
-def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj, fp8_dgrad=False):
+def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj, fp8_dgrad=False, fp8_wgrad=False):
     """y [T, H] of the routed experts under the blockwise recipe (inputs already checked)."""
     acc = torch.float32
     x = x.contiguous()
-    # the FP8 GEMM reads rows of A by TMA: one gathered copy of the token rows (also the weight
+    # the FP8 GEMM reads rows of A by TMA: one gathered copy of the token rows (also the BF16 weight
     # gradient's operand)
     x_rows = ops.gather_rows(x.detach(), plan.src_of_row, None, top_k)
     w1_q, w1_s = cached_expert_weight(gate_up_proj)
     w2_q, w2_s = cached_expert_weight(down_proj)
     w1t_q = w1t_s = w2t_q = w2t_s = None
-    if fp8_dgrad and torch.is_grad_enabled():
+    grad = torch.is_grad_enabled()
+    if fp8_dgrad and grad:
         w1t_q, w1t_s = cached_expert_weight_t(gate_up_proj)
         w2t_q, w2t_s = cached_expert_weight_t(down_proj)
+    # column-wise copies of x_rows and act only where a weight gradient will be taken
+    wgrad1 = bool(fp8_wgrad and grad and gate_up_proj.requires_grad)
+    wgrad2 = bool(fp8_wgrad and grad and down_proj.requires_grad)
     h = _Fp8GateUp.apply(x, gate_up_proj, plan.src_of_row, plan.row_of, top_k, plan.offsets, x_rows, w1_q, w1_s,
-                         w1t_q, w1t_s)
+                         w1t_q, w1t_s, wgrad1)
+    del x_rows  # with fp8_wgrad only its FP8 copies live on
     act = ops.swiglu(h)
-    rows = _Fp8Down.apply(act, down_proj, plan.offsets, w2_q, w2_s, w2t_q, w2t_s)
+    rows = _Fp8Down.apply(act, down_proj, plan.offsets, w2_q, w2_s, w2t_q, w2t_s, wgrad2)
     return ops.combine(rows, plan.row_of, plan.src_of_row, topk_w.to(acc).contiguous())

@@ -136,7 +136,7 @@ def _autocast(x, *weights):
 
 
 def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=False, plan: Optional[Plan] = None,
-                recipe: str = "bf16", fp8_dgrad: bool = False):
+                recipe: str = "bf16", fp8_dgrad: bool = False, fp8_wgrad: bool = False):
     """The routed experts of an MoE layer: y[t] = sum_k topk_w[t, k] * MLP_e(x[t]), e = topk_idx[t, k],
     MLP_e(v) = down_proj[e] @ (silu(gate[e] @ v) * (up[e] @ v)), [gate; up] = gate_up_proj[e].
 
@@ -152,14 +152,17 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
     recipe: "bf16" (default), or "blockwise": both expert GEMMs of the forward in FP8 E4M3 with
     1 x 128 activation and 128 x 128 weight scales (DeepSeek-V3's recipe), the backward in BF16;
     needs bf16 x and weights, H and I multiples of 128 (mok/_fp8_experts.py). fp8_dgrad=True (with
-    "blockwise") also runs the backward's two dgrad GEMMs in FP8 (gradients quantised 1 x 128); the
-    weight gradients stay BF16."""
+    "blockwise") also runs the backward's two dgrad GEMMs in FP8 (gradients quantised 1 x 128), and
+    fp8_wgrad=True (with "blockwise") its two weight-gradient GEMMs (gradients and activations
+    quantised 1 x 128 along the rows); either may be given without the other."""
     if recipe not in _fp8_experts.RECIPES:
         _fail("recipe", f"one of {_fp8_experts.RECIPES}", repr(recipe))
     x, gate_up_proj, down_proj = _autocast(x, gate_up_proj, down_proj)
     _check_experts_args(x, topk_idx, topk_w, gate_up_proj, down_proj)
     if fp8_dgrad and recipe != "blockwise":
         _fail("fp8_dgrad", "False unless recipe='blockwise'", fp8_dgrad)
+    if fp8_wgrad and recipe != "blockwise":
+        _fail("fp8_wgrad", "False unless recipe='blockwise'", fp8_wgrad)
     if recipe == "blockwise":
         _fp8_experts.check_blockwise_args(x, gate_up_proj)
     if _eager() and x.is_cuda:
@@ -169,7 +172,8 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
     if plan is None:
         plan = moe_plan(topk_idx, E, skip_invalid=skip_invalid)
     if recipe == "blockwise":
-        return _fp8_experts.experts_blockwise(x, plan, K, topk_w, gate_up_proj, down_proj, fp8_dgrad=fp8_dgrad)
+        return _fp8_experts.experts_blockwise(x, plan, K, topk_w, gate_up_proj, down_proj, fp8_dgrad=fp8_dgrad,
+                                              fp8_wgrad=fp8_wgrad)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     x = x.contiguous()
     x_rows = None

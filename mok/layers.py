@@ -9,6 +9,13 @@ from torch import nn
 from . import _fp8_experts, functional
 
 
+def _check_fp8_backward_options(recipe, fp8_dgrad, fp8_wgrad):
+    """fp8_dgrad / fp8_wgrad need recipe='blockwise' (the same rule as mok.functional.moe_experts)."""
+    for name, value in (("fp8_dgrad", fp8_dgrad), ("fp8_wgrad", fp8_wgrad)):
+        if value and recipe != "blockwise":
+            raise ValueError(f"mok: {name} must be False unless recipe='blockwise', got {value}")
+
+
 class TopKRouter(nn.Module):
     """Router of an MoE layer: fp32 logits x @ weight^T, then fused top-k (mok.functional.route_topk).
 
@@ -55,15 +62,18 @@ class GroupedExperts(nn.Module):
     """The routed experts: gate_up_proj [E, 2I, H] (gate rows, then up rows) and down_proj [E, H, I],
     each expert in nn.Linear layout (the transformers v5 layout). forward(x [T, H], topk_idx [T, K],
     topk_w [T, K]) -> [T, H]. recipe: "bf16" or "blockwise" (FP8 forward GEMMs; see
-    mok.functional.moe_experts)."""
+    mok.functional.moe_experts). With recipe="blockwise", fp8_dgrad=True also runs the backward's two
+    dgrad GEMMs in FP8 and fp8_wgrad=True its two weight-gradient GEMMs (either, or both)."""
 
     def __init__(self, num_experts, hidden_size, intermediate_size, *, skip_invalid=False, recipe="bf16",
-                 device=None, dtype=None):
+                 fp8_dgrad=False, fp8_wgrad=False, device=None, dtype=None):
         super().__init__()
         if recipe not in _fp8_experts.RECIPES:
             raise ValueError(f"mok: recipe must be one of {_fp8_experts.RECIPES}, got {recipe!r}")
+        _check_fp8_backward_options(recipe, fp8_dgrad, fp8_wgrad)
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
         self.skip_invalid, self.recipe = skip_invalid, recipe
+        self.fp8_dgrad, self.fp8_wgrad = bool(fp8_dgrad), bool(fp8_wgrad)
         kw = dict(device=device, dtype=dtype)
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size, **kw))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size, **kw))
@@ -77,7 +87,8 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x, topk_idx, topk_w, plan: Optional[functional.Plan] = None):
         return functional.moe_experts(x, topk_idx, topk_w, self.gate_up_proj, self.down_proj,
-                                      skip_invalid=self.skip_invalid, plan=plan, recipe=self.recipe)
+                                      skip_invalid=self.skip_invalid, plan=plan, recipe=self.recipe,
+                                      fp8_dgrad=self.fp8_dgrad, fp8_wgrad=self.fp8_wgrad)
 
 
 class SharedExpertMLP(nn.Module):
@@ -103,24 +114,27 @@ class MoE(nn.Module):
 
     def __init__(self, hidden_size, intermediate_size, num_experts, top_k, *, score_func="softmax",
                  norm_topk_prob=True, n_group=1, topk_group=1, routed_scaling_factor=1.0, num_shared_experts=0,
-                 shared_intermediate_size=None, selection_bias=False, ep=None, recipe="bf16", device=None,
-                 dtype=None):
+                 shared_intermediate_size=None, selection_bias=False, ep=None, recipe="bf16", fp8_dgrad=False,
+                 fp8_wgrad=False, device=None, dtype=None):
         """ep: a mok.ExpertParallel (or VirtualExpertParallel) group: the experts are sharded over it
         (rank r holds experts [r E/W, (r+1) E/W)) and forward and backward exchange tokens through
         it. The router and the shared experts stay replicated; each rank routes its own tokens.
         recipe: "bf16" (default) or "blockwise" (the routed experts' forward GEMMs in FP8 E4M3 with
-        DeepSeek-V3's block scales, backward in BF16; not yet with ep)."""
+        DeepSeek-V3's block scales, backward in BF16; not yet with ep). fp8_dgrad / fp8_wgrad (with
+        recipe="blockwise"): the backward's dgrad / weight-gradient GEMMs of the routed experts in FP8
+        too (see mok.functional.moe_experts)."""
         super().__init__()
         if ep is not None and recipe != "bf16":
             raise ValueError(f"mok: MoE(ep=...) runs recipe='bf16' only for now, got recipe={recipe!r}")
+        _check_fp8_backward_options(recipe, fp8_dgrad, fp8_wgrad)
         self.hidden_size, self.num_experts, self.top_k = hidden_size, num_experts, top_k
         self.router = TopKRouter(hidden_size, num_experts, top_k, score_func=score_func,
                                  norm_topk_prob=norm_topk_prob, n_group=n_group, topk_group=topk_group,
                                  routed_scaling_factor=routed_scaling_factor, selection_bias=selection_bias,
                                  device=device, dtype=dtype)
         if ep is None:
-            self.experts = GroupedExperts(num_experts, hidden_size, intermediate_size, recipe=recipe, device=device,
-                                          dtype=dtype)
+            self.experts = GroupedExperts(num_experts, hidden_size, intermediate_size, recipe=recipe,
+                                          fp8_dgrad=fp8_dgrad, fp8_wgrad=fp8_wgrad, device=device, dtype=dtype)
         else:
             from .ep import ExpertParallelExperts
 

@@ -1,6 +1,7 @@
-"""benchmarks/bench_moe_layer.py's CPU smoke run: mok (BF16, and the blockwise FP8 recipe with and
-without FP8 dgrad) against the eager baseline on a tiny shape; the benchmark exits non-zero when an
-implementation's output or gradients leave their tolerance, and every row is timed."""
+"""benchmarks/bench_moe_layer.py's CPU smoke run: mok (BF16, and the blockwise FP8 recipe with a BF16
+backward, with FP8 dgrad, and with FP8 dgrad and wgrad) against the eager baseline on a tiny shape;
+the benchmark exits non-zero when an implementation's output or gradients leave their tolerance,
+and every row is timed."""
 import json
 import os
 import subprocess
@@ -11,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_layer_benchmark_quick_run_checks_every_impl(tmp_path):
     out = tmp_path / "layer.json"
-    impls = ["eager", "mok", "mok_fp8", "mok_fp8_dgrad"]
+    impls = ["eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all"]
     run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_moe_layer.py"), "--quick",
                           "--shapes", "tiny_h128", "--routing", "balanced", "--impls", ",".join(impls), "--naive",
                           "off", "--iters", "1", "--warmup", "0", "--device", "cpu", "--out", str(out)],

@@ -1,6 +1,10 @@
-"""The routed experts under recipe="blockwise" (FP8 forward GEMMs, BF16 backward): outputs against
-a float64 emulation of the recipe's numerics, gradients against the BF16 formulas evaluated at the
-FP8 forward's activations, the weight cache, input errors, torch.compile."""
+"""The routed experts under recipe="blockwise" (FP8 forward GEMMs; backward in BF16, or with its dgrad
+GEMMs (fp8_dgrad) and/or weight-gradient GEMMs (fp8_wgrad) in FP8): outputs against a float64
+emulation of the recipe's numerics, gradients against the BF16 formulas evaluated at the FP8
+forward's activations or against exact float64 emulations of the FP8 backward GEMMs, the weight
+cache, what the graph saves, input errors, the layers' options, torch.compile."""
+import collections
+
 import pytest
 import torch
 
@@ -130,6 +134,166 @@ def test_fp8_dgrad_matches_its_emulation(device, case):
     assert 1e-2 < rel_err(grads[0], d_x_bf16) < 0.12
 
 
+def _fp8_wgrad_emulated(a_rows, b_rows, offsets):
+    """float64 [E, M, N]: per expert, col(a)[:, rows of e] @ col(b)[:, rows of e]^T, where col is the
+    1 x 128 column-wise quantisation over the plan's row space (quantize(rows.t()), the C core's rule)
+    of a_rows [R, M] and b_rows [R, N]."""
+    a_q, a_s = R.quantize_fp8(a_rows.t().contiguous(), "blockwise_1x128")
+    b_q, b_s = R.quantize_fp8(b_rows.t().contiguous(), "blockwise_1x128")
+    return R.grouped_mm_fp8_wgrad_blockwise(a_q, a_s, b_q, b_s, offsets)
+
+
+def _emulate_fp8_backward(x, idx, w, gate_up, down, g, plan, *, fp8_dgrad, fp8_wgrad):
+    """Gradients (x, topk_w, gate_up, down) of the recipe in float64 with the kernels' bf16 roundings,
+    in the plan's row space (the column-wise FP8 copies of fp8_wgrad are blocked along it: row r of
+    the plan holds pair src_of_row[r], padding rows are zero): rows of x gathered, h = bf16(q(x_rows)
+    Q(gate_up)^T), act = bf16(SwiGLU(h)), rows = bf16(q(act) Q(down)^T); d_rows = bf16(w g);
+    d_act = bf16(q(d_rows) Q(down)) (fp8_dgrad) or bf16(d_rows down) ; d_h = bf16(SwiGLU'(h, d_act));
+    d_x = sum_k bf16(q(d_h) Q(gate_up)) or of bf16(d_h gate_up); d_gate_up[e] = col(d_h)^T col(x_rows)
+    and d_down[e] = col(d_rows)^T col(act) over expert e's rows (fp8_wgrad), else in exact math."""
+    bf = lambda t: t.bfloat16().double()  # noqa: E731
+    x64, w64, gu64, dn64, g64 = (t.detach().double().cpu() for t in (x, w, gate_up, down, g))
+    T, K = idx.shape
+    src, row_of = plan.src_of_row.long().cpu(), plan.row_of.long().cpu()
+    off = plan.offsets.long().cpu().tolist()
+    real = (src >= 0).double()[:, None]
+    pair = src.clamp(min=0)
+    x_rows = x64[pair // K] * real
+    d_rows = bf(g64[pair // K] * w64.reshape(-1)[pair][:, None]) * real
+    gu_q, dn_q = _dq_weight(gate_up), _dq_weight(down)
+    E, two_i, H = gu64.shape
+
+    def per_expert(a, b, n):  # rows [lo, hi) of expert e: bf16(a[lo:hi] @ b(e)); 0 elsewhere
+        out = torch.zeros(a.shape[0], n, dtype=torch.float64)
+        for e in range(E):
+            out[off[e]:off[e + 1]] = bf(a[off[e]:off[e + 1]] @ b(e))
+        return out
+
+    h = per_expert(_dq(x_rows, "blockwise_1x128"), lambda e: gu_q[e].t(), two_i)
+    act = bf(R.swiglu(h))
+    rows = per_expert(_dq(act, "blockwise_1x128"), lambda e: dn_q[e].t(), H)
+    d_w = (g64[:, None, :] * rows[row_of]).sum(-1)  # [T, K]
+    if fp8_dgrad:
+        d_act = per_expert(_dq(d_rows, "blockwise_1x128"), lambda e: dn_q[e], two_i // 2)
+    else:
+        d_act = per_expert(d_rows, lambda e: dn64[e], two_i // 2)
+    d_h = bf(_swiglu_backward(h, d_act))
+    if fp8_dgrad:
+        d_x_rows = per_expert(_dq(d_h, "blockwise_1x128"), lambda e: gu_q[e], H)
+    else:
+        d_x_rows = per_expert(d_h, lambda e: gu64[e], H)
+    d_x = d_x_rows[row_of].sum(1)
+    if fp8_wgrad:
+        d_gu = _fp8_wgrad_emulated(d_h, x_rows, plan.offsets)
+        d_dn = _fp8_wgrad_emulated(d_rows, act, plan.offsets)
+    else:
+        d_gu = torch.stack([d_h[off[e]:off[e + 1]].t() @ x_rows[off[e]:off[e + 1]] for e in range(E)])
+        d_dn = torch.stack([d_rows[off[e]:off[e + 1]].t() @ act[off[e]:off[e + 1]] for e in range(E)])
+    return d_x, d_w, d_gu, d_dn
+
+
+GRAD_NAMES = ("x", "topk_w", "gate_up_proj", "down_proj")
+
+
+def _check_fp8_wgrad(x, idx, w, gu, dn, fp8_dgrad, really_fp8=True):
+    """fp8_wgrad=True against its emulation; the forward, d_x and d_topk_w bitwise those of
+    fp8_wgrad=False; the weight gradients off the BF16-wgrad ones by about an E4M3 step."""
+    E = gu.shape[0]
+    y = mok.functional.moe_experts(x, idx, w, gu, dn, recipe="blockwise", fp8_dgrad=fp8_dgrad, fp8_wgrad=True)
+    y_bf16_wgrad = mok.functional.moe_experts(x, idx, w, gu, dn, recipe="blockwise", fp8_dgrad=fp8_dgrad)
+    assert torch.equal(y, y_bf16_wgrad)  # the forward does not change (quantize_rowcol's q is quantize's)
+    g = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, w, gu, dn), g)
+    assert grads[2].shape == gu.shape and grads[3].shape == dn.shape
+    assert grads[2].dtype == grads[3].dtype == torch.bfloat16
+    plan = mok.functional.moe_plan(idx, E)  # the plan moe_experts builds (deterministic)
+    want = _emulate_fp8_backward(x, idx, w, gu, dn, g, plan, fp8_dgrad=fp8_dgrad, fp8_wgrad=True)
+    for name, got, ref in zip(GRAD_NAMES, grads, want):
+        assert rel_err(got, ref) < TOL_EMULATION, name
+    grads_bf16_wgrad = torch.autograd.grad(y_bf16_wgrad, (x, w, gu, dn), g)
+    assert torch.equal(grads[0], grads_bf16_wgrad[0]) and torch.equal(grads[1], grads_bf16_wgrad[1])
+    if really_fp8:
+        for i in (2, 3):
+            assert 1e-2 < rel_err(grads[i], grads_bf16_wgrad[i]) < 0.12, GRAD_NAMES[i]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fp8_dgrad", [False, True], ids=["wgrad", "dgrad-wgrad"])
+@pytest.mark.parametrize("case", CASES[1:], ids=str)
+def test_fp8_wgrad_matches_its_emulation(device, case, fp8_dgrad):
+    x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16, device=device, requires_grad=True)
+    # (one token: each column block of the FP8 copies holds one nonzero value, which E4M3 with its
+    # own scale represents exactly, so the FP8 weight gradient equals the BF16 one there)
+    _check_fp8_wgrad(x, idx, w, gu, dn, fp8_dgrad, really_fp8=case.T > 1)
+
+
+def test_fp8_backward_emulation_agrees_with_the_per_token_one():
+    # The row-space emulation above, with fp8_wgrad=False, against _emulate_fp8_dgrad (per token pair).
+    case = MoECase(53, 128, 256, 5, 2, "zipf")
+    x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16)
+    g = torch.randn(case.T, case.H, dtype=torch.bfloat16)
+    plan = mok.functional.moe_plan(idx, case.E)
+    rows_emu = _emulate_fp8_backward(x, idx, w, gu, dn, g, plan, fp8_dgrad=True, fp8_wgrad=False)
+    for name, a, b in zip(GRAD_NAMES, rows_emu, _emulate_fp8_dgrad(x, idx, w, gu, dn, g)):
+        assert rel_err(a, b) < 1e-3, name
+
+
+def test_fp8_wgrad_saves_fp8_copies_not_the_bf16_activations():
+    # With fp8_wgrad the graph holds x_rows' and act's column-wise E4M3 copies (1 byte per element,
+    # plus a scale per 128) instead of the bf16 x_rows [R, H] and act [R, I]. (combine also saves
+    # the bf16 expert outputs [R, H] for topk_w's gradient, in both.)
+    case = MoECase(50, 128, 256, 4, 2)
+    x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16, requires_grad=True)
+    R_rows = case.T * case.K  # a CPU plan has no padding rows
+
+    def saved(**kw):
+        packed = []
+
+        def pack(t):
+            packed.append((tuple(t.shape), t.dtype))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            mok.functional.moe_experts(x, idx, w, gu, dn, recipe="blockwise", **kw)
+        return collections.Counter(packed)
+
+    bf16_wgrad, fp8_wgrad = saved(), saved(fp8_wgrad=True)
+    x_rows, act = ((R_rows, case.H), torch.bfloat16), ((R_rows, case.I), torch.bfloat16)
+    assert bf16_wgrad[x_rows] == 2 and bf16_wgrad[act] == 1
+    assert fp8_wgrad[x_rows] == 1 and fp8_wgrad[act] == 0
+    assert fp8_wgrad[((case.H, R_rows), torch.float8_e4m3fn)] == 1
+    assert fp8_wgrad[((case.I, R_rows), torch.float8_e4m3fn)] == 1
+
+
+@pytest.mark.gpu
+def test_fp8_wgrad_cuda_several_row_blocks_per_expert():
+    # Enough tokens that each expert owns several 128-row blocks of the CUDA plan (the K-grouped
+    # kernel's loop over an expert's blocks), one expert empty, both backward options in FP8.
+    case = MoECase(700, 256, 384, 6, 2, "empty_expert")
+    x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16, device="cuda", requires_grad=True)
+    counts = mok.functional.moe_plan(idx, case.E).counts.cpu()
+    assert (counts == 0).any() and counts.max() > 256
+    _check_fp8_wgrad(x, idx, w, gu, dn, fp8_dgrad=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_all_is_deterministic_and_compiles(device):
+    case = MoECase(96, 128, 256, 8, 2)
+    x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16, device=device, requires_grad=True)
+
+    def step(fn):
+        y = fn(x, idx, w, gu, dn)
+        return (y, *torch.autograd.grad(y, (x, w, gu, dn), torch.ones_like(y)))
+
+    def eager(*a):
+        return mok.functional.moe_experts(*a, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True)
+
+    first, second = step(eager), step(eager)
+    compiled = step(torch.compile(eager, fullgraph=True))
+    for a, b, c in zip(first, second, compiled):
+        assert torch.equal(a, b) and torch.equal(a, c)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_blockwise_is_deterministic_and_compiles(device):
     case = MoECase(96, 128, 256, 8, 2)
@@ -175,12 +339,20 @@ def test_blockwise_input_errors_name_the_argument():
         mok.MoE(128, 128, 4, 2, recipe="mxfp4")
     with pytest.raises(ValueError, match="fp8_dgrad"):
         mok.functional.moe_experts(x, idx, w, gu, dn, fp8_dgrad=True)
+    with pytest.raises(ValueError, match="fp8_wgrad must be False unless recipe='blockwise'"):
+        mok.functional.moe_experts(x, idx, w, gu, dn, fp8_wgrad=True)
+    with pytest.raises(ValueError, match="fp8_wgrad must be False unless recipe='blockwise'"):
+        mok.MoE(128, 128, 4, 2, fp8_wgrad=True)
+    with pytest.raises(ValueError, match="fp8_dgrad must be False unless recipe='blockwise'"):
+        mok.GroupedExperts(4, 128, 128, fp8_dgrad=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_moe_layer_with_the_blockwise_recipe_trains(device):
+@pytest.mark.parametrize("fp8_backward", [{}, {"fp8_dgrad": True, "fp8_wgrad": True}], ids=["bf16-bwd", "fp8-all"])
+def test_moe_layer_with_the_blockwise_recipe_trains(device, fp8_backward):
     torch.manual_seed(0)
-    layer = mok.MoE(128, 128, 8, 2, recipe="blockwise", device=device, dtype=torch.bfloat16)
+    layer = mok.MoE(128, 128, 8, 2, recipe="blockwise", device=device, dtype=torch.bfloat16, **fp8_backward)
+    assert layer.experts.fp8_dgrad == layer.experts.fp8_wgrad == bool(fp8_backward)
     ref = mok.MoE(128, 128, 8, 2, device=device, dtype=torch.bfloat16)
     ref.load_state_dict(layer.state_dict())
     x = torch.randn(64, 128, device=device, dtype=torch.bfloat16)
