@@ -7,7 +7,8 @@ both loss curves.
     python examples/train_moe_lm.py                          # ~0.9B parameters, bf16, on the GPU
     python examples/train_moe_lm.py --impl mok --steps 500
     python examples/train_moe_lm.py --quick                  # tiny model, CPU smoke test
-    python examples/train_moe_lm.py --recipe blockwise       # mok's experts with FP8 forward GEMMs
+    python examples/train_moe_lm.py --recipe blockwise       # mok's experts with FP8 GEMMs (fwd, dgrad, wgrad)
+    python examples/train_moe_lm.py --recipe blockwise --fp8-backward bf16   # FP8 forward GEMMs only
     python examples/train_moe_lm.py --impl all               # mok BF16, mok FP8 (blockwise), baseline
 
 Model: token embedding -> N x [RMSNorm -> causal attention (QK-RMSNorm, rotary, SDPA) -> residual,
@@ -108,7 +109,9 @@ class Block(nn.Module):
         super().__init__()
         self.attn_norm, self.moe_norm = nn.RMSNorm(args.hidden), nn.RMSNorm(args.hidden)
         self.attn = Attention(args.hidden, args.heads, rope=args.rope)
-        self.moe = mok.MoE(args.hidden, args.inter, args.experts, args.top_k, recipe=args.recipe)
+        fp8 = {"fp8_dgrad": args.fp8_backward in ("dgrad", "all"), "fp8_wgrad": args.fp8_backward == "all"}
+        self.moe = mok.MoE(args.hidden, args.inter, args.experts, args.top_k, recipe=args.recipe,
+                           **(fp8 if args.recipe == "blockwise" else {}))
 
     def forward(self, x, cos, sin):
         x = x + self.attn(self.attn_norm(x), cos, sin)
@@ -271,7 +274,10 @@ def parse_args(argv=None):
     p.add_argument("--impl", choices=("both", "all") + IMPLS, default="both",
                    help="both: mok and baseline; all: mok, mok_fp8 (recipe blockwise) and baseline")
     p.add_argument("--recipe", choices=("bf16", "blockwise"), default="bf16",
-                   help="mok's expert recipe (blockwise: FP8 forward GEMMs, BF16 backward); the baseline stays bf16")
+                   help="mok's expert recipe (blockwise: FP8 E4M3 GEMMs with DeepSeek-V3's scales); the baseline stays bf16")
+    p.add_argument("--fp8-backward", choices=("bf16", "dgrad", "all"), default="all",
+                   help="with the blockwise recipe: which backward GEMMs run in FP8 (bf16: none; dgrad: the two "
+                        "dgrad GEMMs; all: dgrad and weight gradients)")
     p.add_argument("--out", default=os.path.join(ROOT, "examples", "out", "train_moe_lm"))
     p.add_argument("--timing-skip", type=int, default=5, help="first steps left out of tokens/s")
     p.add_argument("--log-every", type=int, default=10)
@@ -343,7 +349,9 @@ def main(argv=None):
     print("\n" + common.format_table(rows, columns))
     summary = dict(title=f"MoE LM {total / 1e6:.0f}M params ({active / 1e6:.0f}M active), {args.layers}L "
                          f"E{args.experts} top-{args.top_k}, {args.batch}x{args.seq} tokens/step, {env['device']}"
-                         + (f", mok recipe {args.recipe}" if args.recipe != "bf16" else ""),
+                         + (f", mok recipe {args.recipe}" if args.recipe != "bf16" else "")
+                         + (f", FP8 backward GEMMs: {args.fp8_backward}"
+                            if args.recipe == "blockwise" or "mok_fp8" in runs else ""),
                    env=env, args=vars(args), params_total=total, params_active=active, loss_floor=chain_entropy(),
                    results={n: {k: v for k, v in r.items() if k != "losses"} for n, r in runs.items()})
     if "mok" in runs and "mok_fp8" in runs:
