@@ -99,6 +99,28 @@ int mok_dequantize_blockwise_1xb(const uint8_t* q, const float* scales, int64_t 
 int mok_dequantize_blockwise_bxb(const uint8_t* q, const float* scales, int64_t M, int64_t N, int64_t B, float* y);
 int mok_dequantize_mx_1xb(const uint8_t* q, const uint8_t* scales, int64_t M, int64_t N, int64_t B, float* y);
 
+/* MXFP8 quantise-dequantise ("qdq") of bf16 x [M, N] into bf16 y [M, N] (bf16 bit patterns, same
+ * layout): each element becomes the value of its MXFP8 encoding, mok_quantize_mx_1xb's rule with
+ * B = 32 (RCEIL E8M0 scale from the block's amax, E4M3 code by RNE with saturation) followed by
+ * mok_dequantize_mx_1xb's e4m3(code) * 2^e, rounded to bf16. That rounding is exact: for bf16
+ * inputs every such value is a bf16 value (or +-Inf: elements with |x| >= 1.9375 * 2^127 round
+ * to 2^128, in the fp32 dequantisation too), which test_core.c checks for every bf16 element and
+ * every scale. So y is bit for bit bf16(dequantize(quantize(x))), and -0 stays -0.
+ * A block holding NaN or Inf (NaN scale, NaN codes) becomes the quiet NaN 0x7fc0 in every element.
+ *
+ * rows: 1 x 32 blocks along N (the last block of a row may be partial); rows [r_begin, r_end).
+ * cols: 32 x 1 blocks along M, i.e. of the columns, restarting at each segment start: segment e is
+ *   rows [offsets[e], offsets[e+1]) (a plan's experts), whose last block may be partial; rows
+ *   outside [offsets[0], offsets[E]) are written as +0 (a plan's unused rows). offsets NULL: one
+ *   segment [0, M). Offsets must be non-negative, non-decreasing and offsets[E] <= M (else
+ *   MOK_ERR_ARG). Columns [c_begin, c_end) are written (all their rows).
+ * A plan padded to multiples of 32 gives the same y on the rows of its pairs as an unpadded one:
+ * padding rows are zero and zeros do not change a block's amax. The CUDA kernel needs every
+ * offsets[e] to be a multiple of 32 (its blocks are aligned to 32 rows of x). */
+int mok_qdq_mxfp8_rows(const uint16_t* x, int64_t M, int64_t N, int64_t r_begin, int64_t r_end, uint16_t* y);
+int mok_qdq_mxfp8_cols(const uint16_t* x, int64_t M, int64_t N, const int32_t* offsets, int64_t E, int64_t c_begin,
+                       int64_t c_end, uint16_t* y);
+
 /* ------------------------------------------------------------------------------------------------
  * Routing: top-k selection over router logits.
  * ---------------------------------------------------------------------------------------------- */

@@ -447,6 +447,169 @@ static void test_quant_mx(mok_dtype dt) {
     free(y);
 }
 
+/* ---------------------------------------------------------------- MXFP8 quantise-dequantise */
+
+/* The CUDA kernel's integer form of the E8M0 code of a bf16 block amax (csrc/cuda/quant/qdq_mxfp8.cuh,
+ * mx_codes2, one half of its packed word): code = max(0, exponent field - 8 + (mantissa > 0x60)). */
+static unsigned qdq_dev_code(unsigned a) {
+    int c = (int)((a >> 7) & 0xffu) - 8 + (int)(((a & 0x7fu) + 0x1fu) >> 7);
+    return c < 0 ? 0u : (unsigned)c;
+}
+
+/* The claims the qdq rests on, for every bf16 value and every scale:
+ * - the dequantised value e4m3(code) * 2^e of a bf16 element is a bf16 value (its low 16 float bits
+ *   are 0, Inf included), so bf16 rounding is exact and truncation equals it (the CUDA kernel);
+ * - the kernel's integer code form equals the core's RCEIL for every finite bf16 amax;
+ * - every E4M3 value is an IEEE half value (the kernel decodes through cvt f16x2.e4m3x2). */
+static void test_qdq_mx_exact(void) {
+    int not_bf16 = 0, bad_code = 0, bad_half = 0, bad_pow = 0;
+    unsigned code, v, a;
+    for (code = 0; code < 255; code++) {
+        const float up = mok_e8m0_to_f32((uint8_t)code);
+        if (code > 0 && bits_of(up) != code << 23) bad_pow++;
+        if (code == 0 && bits_of(up) != 0x00400000u) bad_pow++;
+        for (v = 0; v < 0x10000u; v++) {
+            float x = mok_bf16_to_f32((uint16_t)v), d;
+            if (!isfinite(x)) continue;
+            d = mok_e4m3_to_f32(mok_f32_to_e4m3(ldexpf(x, 127 - (int)code))) * up;
+            if ((bits_of(d) & 0xffffu) != 0 || mok_bf16_to_f32(mok_f32_to_bf16(d)) != d) {
+                if (++not_bf16 <= 3) printf("  qdq value not bf16: x %a code %u d %a\n", x, code, d);
+            }
+        }
+    }
+    CHECK(not_bf16 == 0, "MXFP8 values of bf16 elements not exact in bf16: %d", not_bf16);
+    CHECK(bad_pow == 0, "E8M0 scale bits: %d", bad_pow);
+    for (a = 0; a < 0x7f80u; a++) {
+        if (qdq_dev_code(a) != mok_e8m0_rceil_from_amax(mok_bf16_to_f32((uint16_t)a))) {
+            if (++bad_code <= 3) printf("  code form: amax bits %04x\n", a);
+        }
+    }
+    CHECK(bad_code == 0, "device E8M0 code form vs mok_e8m0_rceil_from_amax: %d", bad_code);
+    for (v = 0; v < 0x100u; v++) {
+        float f = mok_e4m3_to_f32((uint8_t)v);
+        if ((v & 0x7f) != 0x7f && bits_of(mok_f16_to_f32(mok_f32_to_f16(f))) != bits_of(f)) bad_half++;
+    }
+    CHECK(bad_half == 0, "E4M3 values not exact in f16: %d", bad_half);
+}
+
+/* x [M, N] bf16 with rows of very different magnitudes, including the edges of bf16's range. */
+static uint16_t* qdq_data(int64_t M, int64_t N) {
+    uint16_t* x = (uint16_t*)malloc((size_t)(M * N) * sizeof(uint16_t));
+    int64_t m, n;
+    for (m = 0; m < M; m++) {
+        const int kind = (int)(m % 7);
+        double amp = ldexp(1.0, (int)rng_int(40) - 20);
+        if (kind == 1) amp = 0x1.fep127 * (0.5 + 0.5 * rng_unif()); /* near bf16's largest: Inf values */
+        if (kind == 2) amp = 0x1p-128;                               /* bf16 subnormals */
+        for (n = 0; n < N; n++) {
+            double v = rng_int(9) == 0 ? 0.0 : amp * rng_sym();
+            x[m * N + n] = mok_f32_to_bf16((float)v);
+            if (kind == 3 && rng_int(5) == 0) x[m * N + n] = 0x8000; /* -0 */
+        }
+    }
+    return x;
+}
+
+/* Mismatches of y (bf16 bits) against the float dequantisation want: equal bits, or both NaN. */
+static int qdq_mismatch(uint16_t y, float want) {
+    if (isnan(want)) return !(((y & 0x7f80) == 0x7f80) && (y & 0x7f));
+    return ((uint32_t)y << 16) != bits_of(want);
+}
+
+/* Reference: rows of y against mok_quantize_mx_1xb + mok_dequantize_mx_1xb of x. */
+static int qdq_rows_errors(const uint16_t* x, int64_t M, int64_t N, const uint16_t* y) {
+    const int64_t nb = (N + 31) / 32;
+    uint8_t *q = (uint8_t*)malloc((size_t)(M * N + 1)), *sc = (uint8_t*)malloc((size_t)(M * nb + 1));
+    float* d = (float*)malloc(sizeof(float) * (size_t)(M * N + 1));
+    int64_t i;
+    int bad = 0;
+    CHECK(mok_quantize_mx_1xb(x, MOK_BF16, M, N, 32, q, sc) == MOK_OK && mok_dequantize_mx_1xb(q, sc, M, N, 32, d) == MOK_OK,
+          "qdq reference rows");
+    for (i = 0; i < M * N; i++) bad += qdq_mismatch(y[i], d[i]);
+    free(q);
+    free(sc);
+    free(d);
+    return bad;
+}
+
+/* Reference: each segment of y against the quantisation of the segment's transpose; rows outside
+ * [offsets[0], offsets[E]) must be +0. */
+static int qdq_cols_errors(const uint16_t* x, int64_t M, int64_t N, const int32_t* off, int64_t E, const uint16_t* y) {
+    int64_t e, r, c, lo = off ? off[0] : 0, hi = off ? off[E] : M;
+    int bad = 0;
+    for (r = 0; r < M; r++)
+        if (r < lo || r >= hi)
+            for (c = 0; c < N; c++) bad += y[r * N + c] != 0;
+    for (e = 0; e < (off ? E : 1); e++) {
+        const int64_t s0 = off ? off[e] : 0, n = (off ? off[e + 1] : M) - s0;
+        uint16_t *xt = (uint16_t*)malloc((size_t)(N * n + 1) * sizeof(uint16_t)), *yt;
+        for (r = 0; r < n; r++)
+            for (c = 0; c < N; c++) xt[c * n + r] = x[(s0 + r) * N + c];
+        yt = (uint16_t*)malloc((size_t)(N * n + 1) * sizeof(uint16_t));
+        for (r = 0; r < n; r++)
+            for (c = 0; c < N; c++) yt[c * n + r] = y[(s0 + r) * N + c];
+        bad += qdq_rows_errors(xt, N, n, yt);
+        free(xt);
+        free(yt);
+    }
+    return bad;
+}
+
+static void test_qdq_mx(void) {
+    const int64_t M = 110, N = 75;
+    /* ragged segments: rows 0-2 and 100-109 outside, an empty expert, one row, partial blocks */
+    int32_t off[6] = {3, 3, 40, 41, 77, 100};
+    uint16_t* x = qdq_data(M, N);
+    uint16_t* y = (uint16_t*)malloc((size_t)(M * N) * sizeof(uint16_t));
+    int64_t i;
+    x[5 * N + 40] = 0x7fc0;      /* NaN: row block 1 of row 5; column 40's block of rows 3-34 */
+    x[50 * N + 3] = 0xff80;      /* -Inf */
+    x[60 * N + 70] = 0x7f80;     /* +Inf in the partial last row block */
+    for (i = 0; i < N; i++) x[20 * N + i] = 0; /* zero row blocks */
+
+    for (i = 0; i < M * N; i++) y[i] = 0x7777;
+    CHECK(mok_qdq_mxfp8_rows(x, M, N, 0, 50, y) == MOK_OK && mok_qdq_mxfp8_rows(x, M, N, 50, M, y) == MOK_OK,
+          "qdq rows");
+    CHECK(qdq_rows_errors(x, M, N, y) == 0, "qdq rows vs quantize + dequantize: %d", qdq_rows_errors(x, M, N, y));
+    CHECK(y[5 * N + 40] == 0x7fc0 && y[5 * N + 63] == 0x7fc0 && y[5 * N + 64] != 0x7fc0, "qdq rows NaN block");
+    CHECK(y[20 * N] == 0 && y[60 * N + 64] == 0x7fc0 && y[60 * N + 63] != 0x7fc0, "qdq rows zero / Inf blocks");
+
+    for (i = 0; i < M * N; i++) y[i] = 0x7777;
+    CHECK(mok_qdq_mxfp8_cols(x, M, N, off, 5, 0, 30, y) == MOK_OK && mok_qdq_mxfp8_cols(x, M, N, off, 5, 30, N, y) == MOK_OK,
+          "qdq cols");
+    CHECK(qdq_cols_errors(x, M, N, off, 5, y) == 0, "qdq cols vs quantize + dequantize of the segments: %d",
+          qdq_cols_errors(x, M, N, off, 5, y));
+    CHECK(y[3 * N + 40] == 0x7fc0 && y[34 * N + 40] == 0x7fc0 && y[35 * N + 40] != 0x7fc0 && y[39 * N + 40] != 0x7fc0,
+          "qdq cols NaN block (rows 3-34 of the segment [3, 40))");
+    CHECK(y[41 * N + 3] == 0x7fc0 && y[72 * N + 3] == 0x7fc0 && y[73 * N + 3] != 0x7fc0 && y[40 * N + 3] != 0x7fc0,
+          "qdq cols -Inf block (rows 41-72 of the segment [41, 77))");
+    CHECK(y[0] == 0 && y[2 * N + 5] == 0 && y[100 * N + 7] == 0 && y[M * N - 1] == 0, "qdq cols outside rows are +0");
+
+    for (i = 0; i < M * N; i++) y[i] = 0x7777;
+    CHECK(mok_qdq_mxfp8_cols(x, M, N, NULL, 0, 0, N, y) == MOK_OK, "qdq cols, one segment");
+    CHECK(qdq_cols_errors(x, M, N, NULL, 0, y) == 0, "qdq cols, one segment: %d", qdq_cols_errors(x, M, N, NULL, 0, y));
+
+    /* arguments */
+    CHECK(mok_qdq_mxfp8_rows(x, M, N, 0, M + 1, y) == MOK_ERR_ARG, "rows r_end > M");
+    CHECK(mok_qdq_mxfp8_rows(x, -1, N, 0, 0, y) == MOK_ERR_ARG, "rows M < 0");
+    CHECK(mok_qdq_mxfp8_rows(NULL, M, N, 0, 1, y) == MOK_ERR_ARG, "rows x NULL");
+    CHECK(mok_qdq_mxfp8_rows(NULL, 0, N, 0, 0, NULL) == MOK_OK, "rows M = 0");
+    off[2] = 2;
+    CHECK(mok_qdq_mxfp8_cols(x, M, N, off, 5, 0, N, y) == MOK_ERR_ARG, "cols decreasing offsets");
+    off[2] = 40;
+    off[5] = (int32_t)M + 1;
+    CHECK(mok_qdq_mxfp8_cols(x, M, N, off, 5, 0, N, y) == MOK_ERR_ARG, "cols offsets[E] > M");
+    off[5] = 100;
+    off[0] = -1;
+    CHECK(mok_qdq_mxfp8_cols(x, M, N, off, 5, 0, N, y) == MOK_ERR_ARG, "cols offsets[0] < 0");
+    off[0] = 3;
+    CHECK(mok_qdq_mxfp8_cols(x, M, N, off, 5, 0, N + 1, y) == MOK_ERR_ARG, "cols c_end > N");
+    CHECK(mok_qdq_mxfp8_cols(NULL, M, N, off, 5, 0, 1, y) == MOK_ERR_ARG, "cols x NULL");
+    CHECK(mok_qdq_mxfp8_cols(NULL, 0, N, NULL, 0, 0, N, NULL) == MOK_OK, "cols M = 0");
+    free(x);
+    free(y);
+}
+
 /* ---------------------------------------------------------------- routing */
 
 static void ref_softmax(const double* l, int64_t E, double* s) {
@@ -1449,6 +1612,8 @@ int main(void) {
         test_quant_1xb_bxb(dts[i]);
         test_quant_mx(dts[i]);
     }
+    test_qdq_mx_exact();
+    test_qdq_mx();
     test_route_hand();
     test_route_grouped();
     test_route_backward();
