@@ -139,6 +139,14 @@ def _quantize_fp8_rowcol_fake(x, recipe):
     return q, scales, qt, x.new_empty(fp8_scale_shape(recipe, N, M), dtype=scale_dtype)
 
 
+@torch.library.register_fake("mok::qdq_mxfp8")
+def _qdq_mxfp8_fake(x, offsets, rows, cols):
+    if not (rows or cols):
+        raise ValueError("mok.qdq_mxfp8: at least one of rows and cols must be true")
+    M, N = x.shape
+    return x.new_empty((M if rows else 0, N)), x.new_empty((M if cols else 0, N))
+
+
 @torch.library.register_fake("mok::grouped_mm_fp8")
 def _grouped_mm_fp8_fake(a, a_scales, b, b_scales, offsets):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.bfloat16)

@@ -1,6 +1,7 @@
 """FP8 numerics of mok's recipes (the C core on the CPU, CUDA kernels on the GPU, bit-exact with
 each other). The blockwise grouped GEMM is mok.fp8_gemm; the layers' recipe="blockwise" runs on
-both. MXFP8 has numerics only (no GEMM, no layer recipe yet):
+both. MXFP8 has no FP8 GEMM on Hopper (no block-scaled MMA): its layer recipe runs mok's BF16
+GEMMs on operands rounded to the MXFP8 grid by qdq_mxfp8 below (mok/_mxfp8_experts.py). Recipes:
 
 - "blockwise_1x128": E4M3 values, one fp32 scale per 1x128 block along the last dim (activations);
 - "blockwise_128x128": E4M3 values, one fp32 scale per 128x128 tile (weights);
@@ -11,6 +12,11 @@ Conversions round to nearest even and saturate to +-448. An all-zero block gets 
 or 2^-127 (mxfp8); a block holding NaN or Inf gets a NaN scale and NaN codes (0x7F). Each tensor is
 quantised along its last dimension, the GEMM's K: a column-wise copy is quantize(x.t().contiguous()),
 and quantize_rowcol(x, recipe) makes both copies at once (one read of x on the GPU).
+
+qdq_mxfp8(x) ("quantise-dequantise") gives bf16 copies of a bf16 x holding exactly the values of its
+MXFP8 encoding, row-wise (blocks along the last dim) and/or column-wise (blocks along the first
+dim, restarting at each expert's first row): bit for bit dequantize(quantize(x, "mxfp8")) rounded
+to bf16, a rounding that is exact.
 """
 from typing import NamedTuple
 
@@ -63,3 +69,34 @@ def quantize_rowcol(x, recipe):
     if recipe not in ROWCOL_RECIPES:
         raise ValueError(f"mok: recipe must be one of {ROWCOL_RECIPES}, got {recipe!r}")
     return RowCol(*ops.quantize_fp8_rowcol(x.contiguous(), recipe))
+
+
+def qdq_mxfp8(x, *, offsets=None, rows=True, cols=False):
+    """MXFP8 quantise-dequantise of a bf16 x [M, N]: bf16 [M, N] copies whose elements are the
+    values of x's MXFP8 encoding (E4M3 codes times their block's E8M0 scale: quantize(x, "mxfp8")'s
+    RCEIL scales, round-to-nearest-even, saturation), so a BF16 GEMM on them with fp32 accumulation
+    computes the GEMM of the dequantised MXFP8 operands.
+
+    - rows=True: 1 x 32 blocks along N (the GEMM's K when x is [rows, K]); bit for bit
+      dequantize(*quantize(x, "mxfp8"), "mxfp8") rounded to bf16, and that rounding is exact (every
+      such value of a bf16 element is a bf16 value). Elements with |x| >= 1.9375 * 2^127 (~3.3e38,
+      the top of bf16's range) round to 2^128, i.e. +-Inf, as in the fp32 dequantisation.
+    - cols=True: 32 x 1 blocks along M, i.e. the quantisation of x^T stored back untransposed (the
+      operand of a weight gradient, whose contraction runs over rows). With offsets ([E + 1] int32, a
+      plan's expert offsets) the blocks restart at each offsets[e] and the last block of an expert
+      may be partial; rows outside [offsets[0], offsets[E]) come out as +0. Without offsets, one
+      segment [0, M). A plan padded to 32 or 128 rows gives the same values on its tokens' rows as an
+      unpadded one (padding rows are zero and do not change an amax).
+
+    A block holding NaN or Inf becomes NaN in every element (its scale is the NaN code). On CUDA one
+    kernel reads x once for both copies; it needs every offsets[e] to be a multiple of 32 (mok's
+    CUDA plans are 128-aligned): otherwise nothing is written and mok.check_errors() raises (the
+    offsets live on the GPU, and checking them here would synchronise).
+
+    Returns the copy asked for, or (rows, cols) when both are."""
+    if not (rows or cols):
+        raise ValueError("mok: qdq_mxfp8 needs rows=True or cols=True")
+    r, c = ops.qdq_mxfp8(x.contiguous(), offsets, bool(rows), bool(cols))
+    if rows and cols:
+        return r, c
+    return r if rows else c

@@ -5,8 +5,16 @@
 // GEMM's K); a column-wise copy is the quantisation of the transposed tensor.
 // quantize_fp8_rowcol returns both copies: backward needs the column-wise one quantised from the
 // bf16 values (DESIGN.md), and on the GPU one kernel makes both from a single read of x.
+//
+// qdq_mxfp8 is the MXFP8 quantise-dequantise of bf16 tensors (recipe="mxfp8" of the layers on
+// Hopper: mok/_mxfp8_experts.py): bf16 copies holding the values of the MXFP8 encoding, row-wise
+// and/or column-wise with expert segments (mok_qdq_mxfp8_rows / _cols in csrc/core/mok_core.h;
+// CUDA: csrc/cuda/qdq_mxfp8.cu, which needs 32-aligned offsets and reports others through the
+// device error word, as the FP8 GEMM does).
+#include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <string>
 
 #ifdef MOK_WITH_CUDA
@@ -14,6 +22,8 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "../cuda/mok_cuda.h"
+#include "../cuda/mok_qdq_cuda.h"
+#include "backend.h"
 #endif
 
 #include "checks.h"
@@ -171,18 +181,91 @@ at::Tensor dequantize_fp8(const at::Tensor& q, const at::Tensor& scales, c10::st
     return y;
 }
 
+// (rows, cols) of bf16 x [M, N]: the row-wise qdq (1 x 32 blocks along N) when `rows`, the
+// column-wise qdq (32 x 1 blocks along M, restarting at each offsets[e]; rows outside
+// [offsets[0], offsets[E]) are +0; no offsets: one segment [0, M)) when `cols`. A copy not asked
+// for is returned as an empty [0, N] tensor.
+std::tuple<at::Tensor, at::Tensor> qdq_mxfp8(const at::Tensor& x, const c10::optional<at::Tensor>& offsets, bool rows,
+                                             bool cols) {
+    const char* op = "mok.qdq_mxfp8";
+    TORCH_CHECK_VALUE(rows || cols, op, ": at least one of rows and cols must be true");
+    check_dim(x, 2, op, "x", "[M, N]");
+    check_dtype(x, at::kBFloat16, op, "x");
+    check_contiguous(x, op, "x");
+    const int64_t M = x.size(0), N = x.size(1);
+    int64_t E = 0;
+    if (offsets.has_value()) {
+        check_dim(*offsets, 1, op, "offsets", "[E + 1]");
+        check_same_device(*offsets, x, op, "offsets", "x");
+        check_index(*offsets, x, op, "offsets");
+        TORCH_CHECK_VALUE(offsets->size(0) >= 1, op, ": offsets must hold E + 1 >= 1 entries, got shape ",
+                          shape_str(*offsets));
+        E = offsets->size(0) - 1;
+    }
+    auto y_rows = at::empty({rows ? M : 0, N}, x.options());
+    auto y_cols = at::empty({cols ? M : 0, N}, x.options());
+    if (M == 0 || N == 0) return {y_rows, y_cols};
+    const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+    uint16_t* rp = rows ? reinterpret_cast<uint16_t*>(y_rows.data_ptr()) : nullptr;
+    uint16_t* cp = cols ? reinterpret_cast<uint16_t*>(y_cols.data_ptr()) : nullptr;
+    const int32_t* offp = offsets.has_value() ? offsets->data_ptr<int32_t>() : nullptr;
+#ifdef MOK_WITH_CUDA
+    if (x.is_cuda()) {
+        c10::cuda::CUDAGuard guard(x.device());
+        mok_qdq_mxfp8_args a{};
+        a.x = xp;
+        a.M = M;
+        a.N = N;
+        a.rows = rp;
+        a.cols = cp;
+        a.offsets = cols ? offp : nullptr;
+        a.E = E;
+        a.error_flag = cuda::device_error_word();
+        check_status(mok_qdq_mxfp8_cuda(&a, at::cuda::getCurrentCUDAStream(x.device().index()).stream()), op);
+        return {y_rows, y_cols};
+    }
+#endif
+    if (cols && offp != nullptr) {
+        // The offsets are on the host here, so their values can be checked for free (the core would
+        // only say "invalid argument").
+        for (int64_t e = 0; e <= E; ++e) {
+            const int32_t prev = e ? offp[e - 1] : 0;
+            TORCH_CHECK_VALUE(offp[e] >= prev, op, ": offsets must be non-negative and non-decreasing (a plan's ",
+                              "expert row offsets), got offsets[", e, "] = ", offp[e], e ? " after " : "",
+                              e ? std::to_string(prev) : "");
+        }
+        TORCH_CHECK_VALUE(offp[E] <= M, op, ": offsets[E] must be at most the rows of x (", M, "), got ", offp[E]);
+    }
+    // Blocks are independent: any split gives the same bits. About 64k elements per task.
+    const int64_t grain_rows = std::max<int64_t>(1, (int64_t{1} << 16) / N);
+    const int64_t grain_cols = std::max<int64_t>(1, (int64_t{1} << 16) / M);
+    if (rows) {
+        at::parallel_for(0, M, grain_rows, [&](int64_t r0, int64_t r1) {
+            check_status(mok_qdq_mxfp8_rows(xp, M, N, r0, r1, rp), op);
+        });
+    }
+    if (cols) {
+        at::parallel_for(0, N, grain_cols, [&](int64_t c0, int64_t c1) {
+            check_status(mok_qdq_mxfp8_cols(xp, M, N, offp, E, c0, c1, cp), op);
+        });
+    }
+    return {y_rows, y_cols};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(mok, m) {
     m.def("quantize_fp8(Tensor x, str recipe) -> (Tensor q, Tensor scales)");
     m.def("dequantize_fp8(Tensor q, Tensor scales, str recipe) -> Tensor");
     m.def("quantize_fp8_rowcol(Tensor x, str recipe) -> (Tensor q, Tensor scales, Tensor qt, Tensor scales_t)");
+    m.def("qdq_mxfp8(Tensor x, Tensor? offsets, bool rows, bool cols) -> (Tensor row_qdq, Tensor col_qdq)");
 }
 
 TORCH_LIBRARY_IMPL(mok, CPU, m) {
     m.impl("quantize_fp8", &quantize_fp8);
     m.impl("dequantize_fp8", &dequantize_fp8);
     m.impl("quantize_fp8_rowcol", &quantize_fp8_rowcol);
+    m.impl("qdq_mxfp8", &qdq_mxfp8);
 }
 
 #ifdef MOK_WITH_CUDA
@@ -190,6 +273,7 @@ TORCH_LIBRARY_IMPL(mok, CUDA, m) {
     m.impl("quantize_fp8", &quantize_fp8);
     m.impl("dequantize_fp8", &dequantize_fp8);
     m.impl("quantize_fp8_rowcol", &quantize_fp8_rowcol);
+    m.impl("qdq_mxfp8", &qdq_mxfp8);
 }
 #endif
 
