@@ -1,15 +1,18 @@
 """recipe="mxfp8" on Hopper as an exact emulation: the MXFP8 quantise-dequantise op (mok.fp8.qdq_mxfp8)
 bit for bit against the composition of mok.fp8's quantize / dequantize and against mok.reference (an
-independent implementation), on the CPU (the C core) and on CUDA (against the CPU op)."""
+independent implementation), on the CPU (the C core) and on CUDA (against the CPU op); and the routed
+experts of mok/_mxfp8_experts.py (forward and every gradient) against a float64 emulation of the
+recipe built from mok.reference's pieces."""
 import pytest
 import torch
 
 import mok
+from mok import _mxfp8_experts as MX
 from mok import reference as R
 from mok._ops import ops
 
 from conftest import DEVICES
-from shapes import MoECase, make_moe_inputs
+from shapes import MoECase, make_moe_inputs, rel_err
 
 BF16_MAX = float.fromhex("0x1.fep127")
 
@@ -265,3 +268,297 @@ def test_cuda_qdq_reports_a_misaligned_offset():
     mok.check_errors(synchronize=True)
     with pytest.raises(ValueError, match=r"offsets must be on the device of x"):
         ops.qdq_mxfp8(x, off.cpu(), False, True)
+
+
+# ------------------------------------------------------------------------------------------------
+# the routed experts: a float64 emulation of the recipe from mok.reference's pieces
+# ------------------------------------------------------------------------------------------------
+
+
+def _bf(t):
+    return t.bfloat16().double()
+
+
+def _dq_rows(t):
+    """float64 values of the MXFP8 encoding of t [n, K] along K (mok.reference's quantiser)."""
+    return R.dequantize_fp8(*R.quantize_fp8(t.float(), "mxfp8"), "mxfp8").double()
+
+
+def _dq_cols(t):
+    """... along the rows: 32 x 1 blocks from row 0 (t is one expert's rows, or one expert's weight)."""
+    return _dq_rows(t.t().contiguous()).t()
+
+
+def _swiglu_backward(h, d_act):
+    gate, up = h.chunk(2, dim=-1)
+    sig = torch.sigmoid(gate)
+    return torch.cat([d_act * up * sig * (1 + gate * (1 - sig)), d_act * gate * sig], dim=-1)
+
+
+def emulate_mxfp8_experts(x, idx, w, gate_up, down, g):
+    """(y, (d_x, d_topk_w, d_gate_up, d_down)) of the recipe in float64, with the kernels' bf16
+    roundings of every tensor they store: per expert e, its pairs in increasing t * K + k order
+    (the plan's rows),
+        h = bf(Q(X) Q(gate_up[e])^T), act = bf(SwiGLU(h)), rows = bf(Q(act) Q(down[e])^T),
+        y = bf(sum_k w * rows);
+        d_rows = bf(w * g); d_act = bf(Q(d_rows) Qc(down[e])); d_down[e] = bf(Qc(d_rows)^T Qc(act));
+        d_h = bf(SwiGLU'(h, d_act)); d_x = bf(sum_k bf(Q(d_h) Qc(gate_up[e]))); d_gate_up[e] = bf(Qc(d_h)^T Qc(X));
+        d_w = sum_h g * rows;
+    Q: MXFP8 along the last dim, Qc: along the rows (blocks restart at the expert's first row)."""
+    x, w, gate_up, down, g = (t.detach().double().cpu() for t in (x, w, gate_up, down, g))
+    idx = idx.long().cpu()
+    T, K = idx.shape
+    H = x.shape[1]
+    outs = torch.zeros(T, K, H, dtype=torch.float64)
+    d_xr = torch.zeros(T, K, H, dtype=torch.float64)
+    d_gu, d_dn = torch.zeros_like(gate_up), torch.zeros_like(down)
+    for e in range(gate_up.shape[0]):
+        tok, slot = torch.nonzero(idx == e, as_tuple=True)  # row-major: increasing t * K + k
+        if tok.numel() == 0:
+            continue
+        X = x[tok]
+        h = _bf(_dq_rows(X) @ _dq_rows(gate_up[e]).t())
+        act = _bf(R.swiglu(h))
+        rows = _bf(_dq_rows(act) @ _dq_rows(down[e]).t())
+        outs[tok, slot] = rows
+        D = _bf(w[tok, slot][:, None] * g[tok])
+        d_act = _bf(_dq_rows(D) @ _dq_cols(down[e]))
+        d_dn[e] = _bf(_dq_cols(D).t() @ _dq_cols(act))
+        d_h = _bf(_swiglu_backward(h, d_act))
+        d_xr[tok, slot] = _bf(_dq_rows(d_h) @ _dq_cols(gate_up[e]))
+        d_gu[e] = _bf(_dq_cols(d_h).t() @ _dq_cols(X))
+    y = _bf(torch.einsum("tk,tkh->th", w, outs))
+    d_w = torch.einsum("th,tkh->tk", g, outs)
+    d_x = _bf(d_xr.sum(1))
+    return y, (d_x, d_w, d_gu, d_dn)
+
+
+CASES = [
+    MoECase(0, 64, 32, 4, 2),  # no tokens
+    MoECase(1, 32, 32, 4, 1),  # one token, K = 1
+    MoECase(37, 64, 64, 6, 2, "empty_expert"),
+    MoECase(53, 96, 32, 5, 1, "one_expert"),  # one expert takes every token: 53 rows, two blocks
+    MoECase(150, 64, 96, 8, 3, "zipf"),  # skewed: an expert with >100 rows
+    MoECase(40, 128, 64, 4, 4),  # K = E
+]
+# The emulation rounds every stored tensor to bf16 as the kernels do and quantises with mok.reference's
+# independent quantiser; what is left is the fp32 (kernels) against float64 (emulation) summation,
+# which now and then flips a bf16 rounding of h, act, d_act, d_h or a result, and rarely, through it,
+# an E4M3 code downstream. Measured on the CPU: at most 3.3e-4 (y and every gradient, 150 runs of the
+# cases below), most runs 0 or ~1e-7. CUDA sums in yet another fp32 order (and its SwiGLU's exp is
+# a few fp32 ulp off): not measured yet, given 2.5x more room.
+TOL_EMULATION = 2e-3
+TOL_CUDA = 5e-3
+# MXFP8 against the BF16 path (operands with 3 mantissa bits): the recipe really quantises
+# (measured 0.02-0.2).
+TOL_QUANTISED = 1e-2
+
+
+def _octaves(shape, g):
+    """Factors 2^u, u uniform in [-3, 3]: rows and columns of different magnitudes, so that a block
+    along the wrong dimension gets another scale (with Gaussian data alone most 32-blocks share one)."""
+    return torch.pow(2.0, 6 * torch.rand(shape, generator=g, dtype=torch.float64) - 3)
+
+
+def make_inputs(case, device, seed=None):
+    """make_moe_inputs in bf16, with magnitudes varying by row and by column (outlier tokens and
+    channels): (x, topk_idx, topk_w, gate_up_proj, down_proj), leaves requiring gradients."""
+    seed = seed if seed is not None else int(torch.randint(0, 2**31, ()).item())
+    x, idx, w, gu, dn = make_moe_inputs(case, torch.float64, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    T, H, I, E = case.T, case.H, case.I, case.E
+    x = x * _octaves((T, 1), g) * _octaves((1, H), g)
+    gu = gu * _octaves((E, 2 * I, 1), g) * _octaves((E, 1, H), g)
+    dn = dn * _octaves((E, H, 1), g) * _octaves((E, 1, I), g)
+    out = [t.to(device=device, dtype=torch.bfloat16).requires_grad_(True) for t in (x, gu, dn)]
+    return out[0], idx.to(device), w.float().to(device).requires_grad_(True), out[1], out[2]
+
+
+def make_grad(y, seed=None):
+    """An incoming gradient with magnitudes varying by token and by channel."""
+    g = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(0, 2**31, ()).item()))
+    T, H = y.shape
+    d = torch.randn(T, H, generator=g, dtype=torch.float64) * _octaves((T, 1), g) * _octaves((1, H), g)
+    return d.to(device=y.device, dtype=y.dtype)
+
+
+def _run(case, device, seed=None):
+    x, idx, w, gu, dn = make_inputs(case, device, seed)
+    plan = mok.functional.moe_plan(idx, case.E)
+    y = MX.experts_mxfp8(x, plan, case.K, w, gu, dn)
+    return (x, idx, w, gu, dn), y
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_mxfp8_experts_match_the_emulation(device, case):
+    tol = TOL_EMULATION if device == "cpu" else TOL_CUDA
+    (x, idx, w, gu, dn), y = _run(case, device)
+    assert y.dtype == torch.bfloat16 and y.shape == x.shape and y.device.type == device
+    g = make_grad(y)
+    y_ref, grads_ref = emulate_mxfp8_experts(x, idx, w, gu, dn, g)
+    assert rel_err(y, y_ref) < tol
+    if case.T == 0:
+        return
+    grads = torch.autograd.grad(y, (x, w, gu, dn), g)
+    for name, got, ref in zip(("x", "topk_w", "gate_up_proj", "down_proj"), grads, grads_ref):
+        assert got.dtype == (torch.float32 if name == "topk_w" else torch.bfloat16), name
+        assert rel_err(got, ref) < tol, name
+
+
+class _OpsSpy:
+    """Stands in for mok._ops.ops inside mok._mxfp8_experts: remembers every qdq copy (its storage,
+    kept alive so that no other tensor can take its address) as a row-wise or column-wise copy, with
+    the offsets it was made with, and what each GEMM got."""
+
+    def __init__(self):
+        self.copies, self.keep, self.gemms = {}, [], []
+
+    def __getattr__(self, name):
+        return getattr(ops, name)
+
+    def qdq_mxfp8(self, x, offsets, rows, cols):
+        r, c = ops.qdq_mxfp8(x, offsets, rows, cols)
+        for t, kind, asked in ((r, "rows", rows), (c, "cols", cols)):
+            if asked:
+                self.copies[t.data_ptr()] = (kind, None if offsets is None else offsets.data_ptr())
+                self.keep.append(t)
+        return r, c
+
+    def kind(self, t):
+        return self.copies.get(t.data_ptr(), ("not a qdq copy", None))
+
+    def grouped_mm_swiglu(self, x, src_of_row, row_of, top_k, gate_up, offsets, x_rows=None):
+        self.gemms.append(("gemm1", self.kind(x_rows)[0], self.kind(gate_up)))
+        return ops.grouped_mm_swiglu(x, src_of_row, row_of, top_k, gate_up, offsets, x_rows)
+
+    def grouped_mm(self, a, a_gather, a_gather_div, b, offsets, trans_b):
+        self.gemms.append(("NT" if trans_b else "NN", self.kind(a)[0], self.kind(b)))
+        return ops.grouped_mm(a, a_gather, a_gather_div, b, offsets, trans_b)
+
+    def grouped_mm_wgrad(self, a, b, b_gather, b_gather_div, offsets):
+        self.gemms.append(("wgrad", self.kind(a), self.kind(b), offsets.data_ptr()))
+        return ops.grouped_mm_wgrad(a, b, b_gather, b_gather_div, offsets)
+
+
+def test_every_gemm_operand_is_quantised_along_its_contraction(monkeypatch):
+    # A block along the wrong dimension changes few values (E4M3 keeps 4 significant bits at any
+    # power-of-two scale: the scale only decides which elements, below ~2^-15 of the block's amax,
+    # fall into the subnormal codes), so the numerical tests cannot see one: check the plumbing.
+    spy = _OpsSpy()
+    monkeypatch.setattr(MX, "ops", spy)
+    case = MoECase(70, 64, 32, 4, 2)
+    x, idx, w, gu, dn = make_inputs(case, "cpu")
+    plan = mok.functional.moe_plan(idx, case.E)
+    y = MX.experts_mxfp8(x, plan, case.K, w, gu, dn)
+    torch.autograd.grad(y, (x, w, gu, dn), torch.randn_like(y))
+    plan_off = plan.offsets.data_ptr()
+    weight_rows, weight_cols = ("rows", None), ("cols", None)  # weights: [E * N, K], no segments
+    assert sorted(spy.gemms, key=str) == sorted([
+        ("gemm1", "rows", weight_rows),  # x_rows along H, gate_up along H
+        ("NT", "rows", weight_rows),  # act along I, down along I
+        ("NN", "rows", weight_cols),  # dgrad2: d_rows along H, down along H (per expert)
+        ("NN", "rows", weight_cols),  # dgrad1: d_h along 2I, gate_up along 2I (per expert)
+        ("wgrad", ("cols", plan_off), ("cols", plan_off), plan_off),  # wgrad2: d_rows, act along rows
+        ("wgrad", ("cols", plan_off), ("cols", plan_off), plan_off),  # wgrad1: d_h, x_rows along rows
+    ], key=str)
+
+
+@pytest.mark.parametrize("case", CASES[2:], ids=str)
+def test_mxfp8_experts_really_quantise(case):
+    (x, idx, w, gu, dn), y = _run(case, "cpu")
+    y_bf16 = mok.functional.moe_experts(x, idx, w, gu, dn)
+    assert rel_err(y, y_bf16) > TOL_QUANTISED
+    assert rel_err(y, R.moe_experts(*(t.detach().double() for t in (x, idx, w, gu, dn)))) < 0.3
+    g = make_grad(y)
+    for got, ref in zip(torch.autograd.grad(y, (x, gu, dn), g), torch.autograd.grad(y_bf16, (x, gu, dn), g)):
+        assert TOL_QUANTISED < rel_err(got, ref) < 0.3
+
+
+def test_mxfp8_experts_partial_gradients():
+    # only some inputs need gradients: the copies that are not needed are not made, and what is
+    # computed agrees with the full run
+    case = MoECase(60, 64, 32, 4, 2, "zipf")
+    (x, idx, w, gu, dn), y = _run(case, "cpu", seed=7)
+    g = torch.randn_like(y)
+    full = torch.autograd.grad(y, (x, w, gu, dn), g)
+    for wanted in ((0,), (2,), (3,), (1, 3)):
+        leaves = [t.detach().requires_grad_(i in wanted) for i, t in enumerate((x, w, gu, dn))]
+        plan = mok.functional.moe_plan(idx, case.E)
+        y2 = MX.experts_mxfp8(leaves[0], plan, case.K, leaves[1], leaves[2], leaves[3])
+        assert torch.equal(y2, y)
+        got = torch.autograd.grad(y2, [leaves[i] for i in wanted], g)
+        for i, t in zip(wanted, got):
+            assert torch.equal(t, full[i]), (wanted, i)
+    with torch.no_grad():
+        assert torch.equal(MX.experts_mxfp8(x, mok.functional.moe_plan(idx, case.E), case.K, w, gu, dn), y)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mxfp8_experts_are_deterministic_and_compile(device):
+    case = MoECase(96, 64, 64, 8, 2)
+    x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16, device=device, requires_grad=True)
+
+    def eager(x, idx, w, gu, dn):
+        return MX.experts_mxfp8(x, mok.functional.moe_plan(idx, case.E), case.K, w, gu, dn)
+
+    def step(fn):
+        y = fn(x, idx, w, gu, dn)
+        return (y, *torch.autograd.grad(y, (x, w, gu, dn), torch.ones_like(y)))
+
+    first, second = step(eager), step(eager)
+    compiled = step(torch.compile(eager, fullgraph=True))
+    for a, b, c in zip(first, second, compiled):
+        assert torch.equal(a, b) and torch.equal(a, c)
+
+
+def test_weight_copies_are_cached_until_the_weight_changes():
+    case = MoECase(16, 64, 32, 4, 2)
+    (x, idx, w, gu, dn), y0 = _run(case, "cpu")
+    cached = gu._mok_mxfp8_qdq
+    assert cached[2] is not None  # training: the column-wise copy too
+    _run_again = MX.experts_mxfp8(x, mok.functional.moe_plan(idx, case.E), case.K, w, gu, dn)
+    assert gu._mok_mxfp8_qdq is cached and torch.equal(_run_again, y0)
+    with torch.no_grad():
+        gu.mul_(2.0)  # an optimizer-like in-place update
+    y1 = MX.experts_mxfp8(x, mok.functional.moe_plan(idx, case.E), case.K, w, gu, dn)
+    assert gu._mok_mxfp8_qdq is not cached and not torch.equal(y0, y1)
+    r, c = MX.cached_expert_weight(dn.detach(), False)
+    assert c is None
+    rr, cc = MX.qdq_expert_weight(dn, True)
+    E, H, I = dn.shape
+    assert_qdq_equal(rr.view(E * H, I), _dequantized(dn.detach().reshape(E * H, I)))
+    for e in range(E):  # each expert's [H, I] quantised along H
+        assert_qdq_equal(cc[e], _dequantized(dn[e].detach().t().contiguous()).t())
+
+
+def test_check_mxfp8_args():
+    x, idx, w, gu, dn = make_moe_inputs(MoECase(8, 64, 32, 4, 2), torch.bfloat16)
+    MX.check_mxfp8_args(x, gu)
+    with pytest.raises(ValueError, match=r"bfloat16.*x of dtype torch.float32"):
+        MX.check_mxfp8_args(x.float(), gu.float())
+    with pytest.raises(ValueError, match=r"gate_up_proj of dtype torch.float32"):
+        MX.check_mxfp8_args(x, gu.float())
+    x, idx, w, gu, dn = make_moe_inputs(MoECase(8, 48, 32, 4, 2), torch.bfloat16)
+    with pytest.raises(ValueError, match=r"multiples of 32.*H=48, I=32"):
+        MX.check_mxfp8_args(x, gu)
+    x, idx, w, gu, dn = make_moe_inputs(MoECase(8, 64, 40, 4, 2), torch.bfloat16)
+    with pytest.raises(ValueError, match=r"multiples of 32.*H=64, I=40"):
+        MX.check_mxfp8_args(x, gu)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES[1:] + [MoECase(2048, 256, 128, 16, 4, "zipf")], ids=str)
+def test_cuda_mxfp8_experts_match_the_cpu(case):
+    # The CUDA plan pads experts to 128 zero rows (the same qdq values on the tokens' rows) and the
+    # GEMMs sum in another fp32 order: the CPU result within the emulation's tolerance.
+    seed = int(torch.randint(0, 2**31, ()).item())
+    (xc, idx, wc, guc, dnc), yc = _run(case, "cuda", seed)
+    (x, _, w, gu, dn), y = _run(case, "cpu", seed)
+    mok.check_errors(synchronize=True)
+    assert rel_err(yc, y) < TOL_CUDA
+    g = make_grad(y)
+    for name, a, b in zip(("x", "topk_w", "gate_up_proj", "down_proj"),
+                          torch.autograd.grad(yc, (xc, wc, guc, dnc), g.cuda()),
+                          torch.autograd.grad(y, (x, w, gu, dn), g)):
+        assert rel_err(a, b) < TOL_CUDA, name
