@@ -3,8 +3,9 @@ torchtitan-style torch._grouped_mm experts (eager and torch.compile'd) and the n
 on the same inputs (x, weights, routing) in one run. 'mok_fp8' is mok with recipe="blockwise" (FP8
 forward GEMMs, BF16 backward; H and I multiples of 128), 'mok_fp8_dgrad' the same with the two dgrad
 GEMMs of the backward in FP8 too, 'mok_fp8_all' with the two weight-gradient GEMMs in FP8 as well
-(fp8_dgrad=True, fp8_wgrad=True: every expert GEMM in FP8), all compared with the BF16 layers at the
-FP8 tolerance; 'vs mok' is mok's BF16 fwd+bwd time over the row's.
+(fp8_dgrad=True, fp8_wgrad=True: every expert GEMM in FP8), 'mok_mxfp8' recipe="mxfp8" (every GEMM
+on MXFP8-rounded operands, run on the BF16 kernels), all compared with the BF16 layers at the FP8
+tolerance; 'vs mok' is mok's BF16 fwd+bwd time over the row's.
 
     python benchmarks/bench_moe_layer.py                       # every shape, balanced and skewed routing
     python benchmarks/bench_moe_layer.py --shapes qwen3_30b_a3b --routing balanced --iters 50
@@ -46,7 +47,7 @@ QUICK_SHAPES = {
 ROUTINGS = ("balanced", "skewed")
 ZIPF_EXPONENT = 1.2
 # eager first: the reference for errors and ratios
-IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "compiled", "naive")
+IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_mxfp8", "compiled", "naive")
 NAIVE_MAX_S = 1.0  # --naive auto: time the naive loop only if one fwd+bwd takes less than this
 ERR_TOL = 2e-2
 ERR_TOL_FP8 = 0.12  # E4M3 operands in both forward GEMMs: ~0.065 against the BF16 layer (tests/test_fp8_experts.py)
@@ -222,7 +223,7 @@ COLUMNS = [
 
 
 def err_tol(impl: str) -> float:
-    return ERR_TOL_FP8 if impl.startswith("mok_fp8") else ERR_TOL
+    return ERR_TOL_FP8 if impl.startswith("mok_fp8") or impl == "mok_mxfp8" else ERR_TOL
 
 
 def main(argv=None):
@@ -248,6 +249,7 @@ def main(argv=None):
              "mok_fp8_dgrad": functools.partial(mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True),
              "mok_fp8_all": functools.partial(mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True,
                                               fp8_wgrad=True),
+             "mok_mxfp8": functools.partial(mok.functional.moe_experts, recipe="mxfp8"),
              "naive": baselines.naive_experts}
     if "compiled" in wanted:
         table["compiled"] = baselines.compiled_grouped_mm_experts(dev.type, torch.bfloat16)
@@ -260,7 +262,7 @@ def main(argv=None):
     rows = [asdict(r) for r in results]
     print("\n" + common.format_table(rows, COLUMNS))
     notes = [f"fwd+bwd FLOPs = 3 x (2*T*K*H*2I + 2*T*K*I*H); 'vs eager' = eager fwd+bwd ms / impl fwd+bwd ms; "
-             f"'err y' = ||y - y_eager|| / ||y_eager|| (tolerance {ERR_TOL:g}, mok_fp8 {ERR_TOL_FP8:g}); peak GiB above inputs and weights; "
+             f"'err y' = ||y - y_eager|| / ||y_eager|| (tolerance {ERR_TOL:g}, FP8 rows {ERR_TOL_FP8:g}); peak GiB above inputs and weights; "
              f"L2 flush between timed calls: {args.flush_l2}; iters {args.iters}, warm-up {args.warmup}."]
     common.write_results(args.out, env, rows, COLUMNS, "MoE experts layer, fwd / bwd", notes)
     bad = [r for r in results if r.impl != "eager" and not math.isnan(r.err_y)

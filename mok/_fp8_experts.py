@@ -44,7 +44,7 @@ from ._gate_up import gate_up_backward
 from ._ops import ops
 from .fp8_gemm import BLOCK, quantize_weight_blockwise
 
-RECIPES = ("bf16", "blockwise")
+RECIPES = ("bf16", "blockwise", "mxfp8")  # every recipe of the layers ("mxfp8": mok/_mxfp8_experts.py)
 ACT_RECIPE = "blockwise_1x128"
 
 

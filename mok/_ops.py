@@ -292,5 +292,7 @@ ALL_OPS = (
     "dequantize_fp8",
     "quantize_fp8_rowcol",
     "grouped_mm_fp8",
+    "grouped_mm_fp8_wgrad",
+    "qdq_mxfp8",
     "device_errors",
 )

@@ -5,7 +5,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from . import _errors, _fp8_experts
+from . import _errors, _fp8_experts, _mxfp8_experts
 from ._gate_up import gate_up_swiglu
 from ._ops import ops, plan_tile_for
 
@@ -154,7 +154,11 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
     needs bf16 x and weights, H and I multiples of 128 (mok/_fp8_experts.py). fp8_dgrad=True (with
     "blockwise") also runs the backward's two dgrad GEMMs in FP8 (gradients quantised 1 x 128), and
     fp8_wgrad=True (with "blockwise") its two weight-gradient GEMMs (gradients and activations
-    quantised 1 x 128 along the rows); either may be given without the other."""
+    quantised 1 x 128 along the rows); either may be given without the other. "mxfp8": every expert
+    GEMM (forward, dgrad, weight gradient) on operands rounded to MXFP8 (E4M3, one E8M0 scale per
+    1 x 32 block along that GEMM's contraction dimension), computed exactly on the BF16 kernels:
+    Blackwell's MXFP8 training numerics on Hopper, at BF16 speed plus the rounding passes (Hopper has
+    no block-scaled MMA); needs bf16, H and I multiples of 32 (mok/_mxfp8_experts.py)."""
     if recipe not in _fp8_experts.RECIPES:
         _fail("recipe", f"one of {_fp8_experts.RECIPES}", repr(recipe))
     x, gate_up_proj, down_proj = _autocast(x, gate_up_proj, down_proj)
@@ -165,6 +169,8 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
         _fail("fp8_wgrad", "False unless recipe='blockwise'", fp8_wgrad)
     if recipe == "blockwise":
         _fp8_experts.check_blockwise_args(x, gate_up_proj)
+    elif recipe == "mxfp8":
+        _mxfp8_experts.check_mxfp8_args(x, gate_up_proj)
     if _eager() and x.is_cuda:
         _errors.check_errors()
     E = gate_up_proj.shape[0]
@@ -174,6 +180,8 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
     if recipe == "blockwise":
         return _fp8_experts.experts_blockwise(x, plan, K, topk_w, gate_up_proj, down_proj, fp8_dgrad=fp8_dgrad,
                                               fp8_wgrad=fp8_wgrad)
+    if recipe == "mxfp8":
+        return _mxfp8_experts.experts_mxfp8(x, plan, K, topk_w, gate_up_proj, down_proj)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     x = x.contiguous()
     x_rows = None

@@ -61,8 +61,9 @@ class TopKRouter(nn.Module):
 class GroupedExperts(nn.Module):
     """The routed experts: gate_up_proj [E, 2I, H] (gate rows, then up rows) and down_proj [E, H, I],
     each expert in nn.Linear layout (the transformers v5 layout). forward(x [T, H], topk_idx [T, K],
-    topk_w [T, K]) -> [T, H]. recipe: "bf16" or "blockwise" (FP8 forward GEMMs; see
-    mok.functional.moe_experts). With recipe="blockwise", fp8_dgrad=True also runs the backward's two
+    topk_w [T, K]) -> [T, H]. recipe: "bf16", "blockwise" (FP8 forward GEMMs) or "mxfp8" (every
+    expert GEMM on MXFP8-rounded operands, computed exactly on the BF16 kernels); see
+    mok.functional.moe_experts. With recipe="blockwise", fp8_dgrad=True also runs the backward's two
     dgrad GEMMs in FP8 and fp8_wgrad=True its two weight-gradient GEMMs (either, or both)."""
 
     def __init__(self, num_experts, hidden_size, intermediate_size, *, skip_invalid=False, recipe="bf16",
@@ -119,8 +120,9 @@ class MoE(nn.Module):
         """ep: a mok.ExpertParallel (or VirtualExpertParallel) group: the experts are sharded over it
         (rank r holds experts [r E/W, (r+1) E/W)) and forward and backward exchange tokens through
         it. The router and the shared experts stay replicated; each rank routes its own tokens.
-        recipe: "bf16" (default) or "blockwise" (the routed experts' forward GEMMs in FP8 E4M3 with
-        DeepSeek-V3's block scales, backward in BF16; not yet with ep). fp8_dgrad / fp8_wgrad (with
+        recipe: "bf16" (default), "blockwise" (the routed experts' forward GEMMs in FP8 E4M3 with
+        DeepSeek-V3's block scales, backward in BF16) or "mxfp8" (MXFP8 numerics on the BF16 kernels);
+        not yet with ep. fp8_dgrad / fp8_wgrad (with
         recipe="blockwise"): the backward's dgrad / weight-gradient GEMMs of the routed experts in FP8
         too (see mok.functional.moe_experts)."""
         super().__init__()

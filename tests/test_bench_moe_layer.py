@@ -1,5 +1,5 @@
 """benchmarks/bench_moe_layer.py's CPU smoke run: mok (BF16, and the blockwise FP8 recipe with a BF16
-backward, with FP8 dgrad, and with FP8 dgrad and wgrad) against the eager baseline on a tiny shape;
+backward, with FP8 dgrad, and with FP8 dgrad and wgrad; the MXFP8 recipe) against the eager baseline on a tiny shape;
 the benchmark exits non-zero when an implementation's output or gradients leave their tolerance,
 and every row is timed."""
 import json
@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_layer_benchmark_quick_run_checks_every_impl(tmp_path):
     out = tmp_path / "layer.json"
-    impls = ["eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all"]
+    impls = ["eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_mxfp8"]
     run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_moe_layer.py"), "--quick",
                           "--shapes", "tiny_h128", "--routing", "balanced", "--impls", ",".join(impls), "--naive",
                           "off", "--iters", "1", "--warmup", "0", "--device", "cpu", "--out", str(out)],
@@ -23,3 +23,4 @@ def test_layer_benchmark_quick_run_checks_every_impl(tmp_path):
     for name, r in rows.items():
         assert r["fwd_bwd_ms"] > 0 and not r["note"], (name, r)
     assert rows["mok"]["err_y"] < 2e-2 and 1e-2 < rows["mok_fp8"]["err_y"] < 0.12  # FP8 really quantised
+    assert 1e-3 < rows["mok_mxfp8"]["err_y"] < 0.12  # MXFP8-rounded operands: not the BF16 result

@@ -44,6 +44,10 @@ def op_cases(device):
         "quantize_fp8_rowcol": [(torch.randn(130, 40, device=device, dtype=dt), r)
                                 for r in ("blockwise_1x128", "mxfp8") for dt in (torch.bfloat16, torch.float32)],
         "grouped_mm_fp8": [fp8_gemm_case(device)],
+        "grouped_mm_fp8_wgrad": [fp8_wgrad_case(device)],
+        "qdq_mxfp8": [(torch.randn(96, 64, device=device, dtype=torch.bfloat16), None, True, False),
+                      (torch.randn(96, 64, device=device, dtype=torch.bfloat16),
+                       torch.tensor([0, 32, 32, 96], dtype=torch.int32, device=device), True, True)],
     }
 
 
@@ -60,6 +64,17 @@ def fp8_gemm_case(device):
     return a_q, a_s, b_q, b_s, plan.offsets
 
 
+def fp8_wgrad_case(device):
+    # column-wise copies of two [R, M] / [R, N] row blocks over a 128-row plan; M, N multiples of 128
+    case = MoECase(13, 128, 128, 4, 2, "empty_expert")
+    idx = make_moe_inputs(case, torch.float32, device)[1]
+    plan = mok.functional.moe_plan(idx, case.E, tile=128)
+    R = plan.src_of_row.shape[0]
+    a_q, a_s = mok.fp8.quantize(torch.randn(R, 256, device=device).t().contiguous(), "blockwise_1x128")
+    b_q, b_s = mok.fp8.quantize(torch.randn(R, 128, device=device).t().contiguous(), "blockwise_1x128")
+    return a_q, a_s, b_q, b_s, plan.offsets
+
+
 def test_every_op_has_a_case():
     registered = {name for name in ALL_OPS}
     assert set(op_cases("cpu")) == registered - {"device_errors"}, "add an opcheck case for each new op"
@@ -72,7 +87,7 @@ def test_every_op_has_a_case():
 def test_opcheck(device, name):
     # NOTE: opcheck's schema test does arithmetic on the inputs, which float8 tensors do not support.
     utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    kw = {"test_utils": utils} if name in ("dequantize_fp8", "grouped_mm_fp8") else {}
+    kw = {"test_utils": utils} if name in ("dequantize_fp8", "grouped_mm_fp8", "grouped_mm_fp8_wgrad") else {}
     for args in op_cases(device)[name]:
         torch.library.opcheck(getattr(ops, name).default, args, **kw)
 
