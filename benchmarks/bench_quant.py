@@ -1,7 +1,8 @@
 """FP8 quantisers against the device copy ceiling: mok.fp8.quantize for each recipe,
 mok.fp8.quantize_rowcol (row-wise + column-wise copies from one read of x) and, for comparison, the
-same two copies made unfused (quantize(x) + quantize(x.t().contiguous())), and a plain copy of the
-same tensor (x.clone()), in one run on the same input, as TB/s of bytes read + written.
+same two copies made unfused (quantize(x) + quantize(x.t().contiguous())), mok.fp8.qdq_mxfp8 (the
+MXFP8 recipe's bf16 rounding: row-wise, and row- and column-wise from one read), and a plain copy of
+the same tensor (x.clone()), in one run on the same input, as TB/s of bytes read + written.
 
     python benchmarks/bench_quant.py                 # on the GPU
     python benchmarks/bench_quant.py --quick         # CPU smoke test
@@ -58,13 +59,23 @@ def main(argv=None):
                 tbps = nbytes / t["median_ms"] / 1e9
                 rows.append(dict(shape=name, impl=impl, M=M, N=N, ms=t["median_ms"], tbps=tbps,
                                  vs_copy=tbps / copy_tbps))
+        # MXFP8 quantise-dequantise (the recipe="mxfp8" path): bf16 in, bf16 MXFP8-rounded copies out
+        offsets = torch.tensor([0, M], dtype=torch.int32, device=dev)
+        qdq = {"qdq mxfp8 rows": (lambda _i: mok.fp8.qdq_mxfp8(x), 4 * M * N),
+               "qdq mxfp8 rows+cols": (lambda _i: mok.fp8.qdq_mxfp8(x, offsets=offsets, rows=True, cols=True),
+                                       6 * M * N)}
+        for impl, (fn, nbytes) in qdq.items():
+            t = common.bench(fn, dev, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2)
+            tbps = nbytes / t["median_ms"] / 1e9
+            rows.append(dict(shape=name, impl=impl, M=M, N=N, ms=t["median_ms"], tbps=tbps, vs_copy=tbps / copy_tbps))
         del x
         common.free_memory(dev)
     print("\n" + common.format_table(rows, COLUMNS))
     common.write_results(args.out, env, rows, COLUMNS, "FP8 quantisers against the copy ceiling",
                          ["TB/s = (bf16 input + E4M3 codes + scales) bytes / time; copy: 2 x input bytes.",
                           "rowcol: input + both code copies + both scale tensors; unfused: the same bytes, "
-                          "two quantisations and a transpose."])
+                          "two quantisations and a transpose.",
+                          "qdq mxfp8: bf16 input + bf16 output(s) (rows: 4 bytes per element, rows+cols: 6)."])
 
 
 if __name__ == "__main__":
