@@ -285,7 +285,7 @@ static int wgrad_main(int argc, char** argv) {
         const double err = wgrad_rel_err(p, out, 1);
         printf("wgrad small R=1024 E=5 M=256 N=384: rel err %.2e against float64 on the dequantised inputs %s\n", err,
                err < 8e-3 ? "(ok)" : "(FAIL)");
-        if (!(err < 8e-3)) return 1;
+        if (!(err < 8e-3) && !MOK_SM90_FP8_SKIP_SCALE_LOADS) return 1;
     }
     const int64_t R = argc > 2 ? atoll(argv[2]) : 65536, E = argc > 3 ? atoll(argv[3]) : 32;
     const int64_t M = argc > 4 ? atoll(argv[4]) : 4096, N = argc > 5 ? atoll(argv[5]) : 7168;
@@ -309,7 +309,7 @@ int main(int argc, char** argv) {
         const double err = rel_err(p, out, 1);
         printf("small R=1024 E=5 N=384 K=512: rel err %.2e against float64 on the dequantised inputs %s\n", err,
                err < 8e-3 ? "(ok)" : "(FAIL)");
-        if (err >= 8e-3) return 1;
+        if (err >= 8e-3 && !MOK_SM90_FP8_SKIP_SCALE_LOADS) return 1; /* (that experiment is wrong by design) */
     }
     /* ---- the timed problem, rows sampled ---- */
     const int64_t R = argc > 1 ? atoll(argv[1]) : 65536, E = argc > 2 ? atoll(argv[2]) : 32;

@@ -94,6 +94,12 @@ struct params {
     int64_t M, num_m_tiles, scale_ld;
 };
 
+/* MOK_SM90_FP8_SKIP_SCALE_LOADS=1: a timing experiment only (WRONG results): the producer loads no
+ * per-row (and, wgrad, per-column) scales, to measure what those 128 four-byte copies per stage cost. */
+#ifndef MOK_SM90_FP8_SKIP_SCALE_LOADS
+#define MOK_SM90_FP8_SKIP_SCALE_LOADS 0
+#endif
+
 /* ---- producer: TMA for the tiles, cp.async for the scales (one per thread and K-block) ---- */
 __device__ __forceinline__ void produce(smem_layout& s, const params& p, const CUtensorMap* tma_a,
                                         const CUtensorMap* tma_b, int64_t rows_used) {
@@ -126,7 +132,7 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
             }
             if (BN > SCALE_BLOCK && tid == 1) cp_async_4(&s.sb[stage][1], sb_tile1 + kb, 4u);
             /* rows past R: a zero scale (their A rows are zero-filled by TMA anyway) */
-            cp_async_4(&s.sa[stage][tid], row_ok ? sa_row + kb : p.sa, row_ok ? 4u : 0u);
+            if (!MOK_SM90_FP8_SKIP_SCALE_LOADS) cp_async_4(&s.sa[stage][tid], row_ok ? sa_row + kb : p.sa, row_ok ? 4u : 0u);
             cp_async_mbarrier_arrive_noinc(&s.full[stage]);
             if (++stage == kStages) {
                 stage = 0;
@@ -362,9 +368,9 @@ __device__ __forceinline__ void produce_wgrad(smem_layout& s, const params& p, c
                 tma_load_2d(&s.a[stage][0], tma_a, &s.full[stage], k0, (int32_t)tile.m0);
                 tma_load_2d(&s.b[stage][0], tma_b, &s.full[stage], k0, (int32_t)n0);
             }
-            cp_async_4(&s.wsa[phase][stage][tid], sa_row + kb, 4u);
+            if (!MOK_SM90_FP8_SKIP_SCALE_LOADS) cp_async_4(&s.wsa[phase][stage][tid], sa_row + kb, 4u);
 #pragma unroll
-            for (int c = tid; c < BN; c += 128) {
+            for (int c = MOK_SM90_FP8_SKIP_SCALE_LOADS ? BN : tid; c < BN; c += 128) {
                 /* columns past N (a partial last tile): a zero scale, their B rows are zero-filled */
                 const bool col_ok = n0 + c < p.N;
                 cp_async_4(&s.wsb[phase][stage][c], col_ok ? p.sb + (n0 + c) * p.scale_ld + kb : p.sb, col_ok ? 4u : 0u);
