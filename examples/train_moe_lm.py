@@ -7,8 +7,8 @@ both loss curves.
     python examples/train_moe_lm.py                          # ~0.9B parameters, bf16, on the GPU
     python examples/train_moe_lm.py --impl mok --steps 500
     python examples/train_moe_lm.py --quick                  # tiny model, CPU smoke test
-    python examples/train_moe_lm.py --recipe blockwise       # mok's experts with FP8 GEMMs (fwd, dgrad, wgrad)
-    python examples/train_moe_lm.py --recipe blockwise --fp8-backward bf16   # FP8 forward GEMMs only
+    python examples/train_moe_lm.py --recipe blockwise       # mok's experts with FP8 GEMMs (forward and dgrad)
+    python examples/train_moe_lm.py --recipe blockwise --fp8-backward all    # the weight gradients in FP8 too
     python examples/train_moe_lm.py --impl all               # mok BF16, mok FP8 (blockwise), baseline
 
 Model: token embedding -> N x [RMSNorm -> causal attention (QK-RMSNorm, rotary, SDPA) -> residual,
@@ -275,9 +275,9 @@ def parse_args(argv=None):
                    help="both: mok and baseline; all: mok, mok_fp8 (recipe blockwise) and baseline")
     p.add_argument("--recipe", choices=("bf16", "blockwise"), default="bf16",
                    help="mok's expert recipe (blockwise: FP8 E4M3 GEMMs with DeepSeek-V3's scales); the baseline stays bf16")
-    p.add_argument("--fp8-backward", choices=("bf16", "dgrad", "all"), default="all",
+    p.add_argument("--fp8-backward", choices=("bf16", "dgrad", "all"), default="dgrad",
                    help="with the blockwise recipe: which backward GEMMs run in FP8 (bf16: none; dgrad: the two "
-                        "dgrad GEMMs; all: dgrad and weight gradients)")
+                        "dgrad GEMMs, the fastest in bench_moe_layer.py v9; all: dgrad and weight gradients)")
     p.add_argument("--out", default=os.path.join(ROOT, "examples", "out", "train_moe_lm"))
     p.add_argument("--timing-skip", type=int, default=5, help="first steps left out of tokens/s")
     p.add_argument("--log-every", type=int, default=10)

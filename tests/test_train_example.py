@@ -1,5 +1,5 @@
 """examples/train_moe_lm.py's CPU smoke run: mok (BF16, and the blockwise FP8 recipe) and the
-baseline train (the loss falls; FP8 with all backward GEMMs in FP8, and forward only) and the summary compares them."""
+baseline train (the loss falls; FP8 with the dgrad GEMMs in FP8 (default), forward only, and every GEMM) and the summary compares them."""
 import json
 import os
 import subprocess
@@ -14,8 +14,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     (["--recipe", "bf16"], ("mok", "baseline")),
     (["--recipe", "blockwise"], ("mok", "baseline")),
     (["--recipe", "blockwise", "--fp8-backward", "bf16"], ("mok", "baseline")),
+    (["--recipe", "blockwise", "--fp8-backward", "all"], ("mok", "baseline")),
     (["--impl", "all"], ("mok", "mok_fp8", "baseline")),
-], ids=["bf16", "blockwise", "blockwise_fp8_fwd_only", "all"])
+], ids=["bf16", "blockwise", "blockwise_fp8_fwd_only", "blockwise_fp8_all", "all"])
 def test_train_example_quick_run_learns(tmp_path, flags, impls):
     run = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_moe_lm.py"), "--quick", "--steps", "20",
                           "--no-progress", "--device", "cpu", "--out", str(tmp_path), *flags],
