@@ -229,8 +229,22 @@ static float run_wgrad(const wgrad_problem& p, int iters, std::vector<uint16_t>*
     CHECK(cudaMalloc(&out, out_bytes));
     CHECK(cudaMemcpy(a, p.a.data(), p.a.size(), cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(b, p.b.data(), p.b.size(), cudaMemcpyHostToDevice));
+#if MOK_SM90_FP8_WGRAD_MN_SCALES
+    {
+        /* the experiment reads MN-major scales: [R / 128, M] and [R / 128, N] */
+        const int64_t ld = p.R / 128;
+        std::vector<float> ta(p.sa.size()), tb(p.sb.size());
+        for (int64_t m = 0; m < p.M; ++m)
+            for (int64_t kb = 0; kb < ld; ++kb) ta[kb * p.M + m] = p.sa[m * ld + kb];
+        for (int64_t n = 0; n < p.N; ++n)
+            for (int64_t kb = 0; kb < ld; ++kb) tb[kb * p.N + n] = p.sb[n * ld + kb];
+        CHECK(cudaMemcpy(sa, ta.data(), ta.size() * 4, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(sb, tb.data(), tb.size() * 4, cudaMemcpyHostToDevice));
+    }
+#else
     CHECK(cudaMemcpy(sa, p.sa.data(), p.sa.size() * 4, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(sb, p.sb.data(), p.sb.size() * 4, cudaMemcpyHostToDevice));
+#endif
     CHECK(cudaMemcpy(offsets, p.offsets.data(), p.offsets.size() * 4, cudaMemcpyHostToDevice));
     CHECK(cudaMemset(out, 0xFF, out_bytes)); /* NaN bits: every output must be written */
 

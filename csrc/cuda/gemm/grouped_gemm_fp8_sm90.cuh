@@ -348,9 +348,18 @@ __device__ __forceinline__ void wgrad_kblocks(const params& p, int64_t e, int64_
     nkb = (hi - lo) / SCALE_BLOCK;
 }
 
+/* MOK_SM90_FP8_WGRAD_MN_SCALES=1 (experiment, checker only: the op passes [M, R / 128] scales): the
+ * weight gradient's scales stored MN-major, sa [ceil(R / 128), M] and sb [ceil(R / 128), N], so a
+ * stage's 128 + BN scales are two contiguous runs, one bulk copy each by the TMA thread instead of
+ * 256 four-byte cp.async (v19: those cost the kernel ~18%). */
+#ifndef MOK_SM90_FP8_WGRAD_MN_SCALES
+#define MOK_SM90_FP8_WGRAD_MN_SCALES 0
+#endif
+
 __device__ __forceinline__ void produce_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_a,
                                               const CUtensorMap* tma_b) {
     const int tid = threadIdx.x; /* 0..127 */
+    if (MOK_SM90_FP8_WGRAD_MN_SCALES && tid != 0) return;
     uint32_t stage = 0, phase = 0;
     mok_tile_sched sched;
     mok_sched_init(&sched, p.E, p.num_m_tiles, p.num_n_tiles, BM, INT64_MAX);
@@ -363,6 +372,18 @@ __device__ __forceinline__ void produce_wgrad(smem_layout& s, const params& p, c
         for (int64_t kb = kb0; kb < kb0 + nkb; ++kb) {
             mbarrier_wait_parity(&s.empty[stage], phase ^ 1);
             const int32_t k0 = (int32_t)(kb * BK);
+            if (MOK_SM90_FP8_WGRAD_MN_SCALES) {
+                mbarrier_arrive_expect_tx(&s.full[stage], STAGE_A_BYTES + STAGE_B_BYTES + (BM + BN) * 4);
+                tma_load_2d(&s.a[stage][0], tma_a, &s.full[stage], k0, (int32_t)tile.m0);
+                tma_load_2d(&s.b[stage][0], tma_b, &s.full[stage], k0, (int32_t)n0);
+                bulk_load(&s.wsa[phase][stage][0], p.sa + kb * p.M + tile.m0, BM * 4, &s.full[stage]);
+                bulk_load(&s.wsb[phase][stage][0], p.sb + kb * p.N + n0, BN * 4, &s.full[stage]);
+                if (++stage == kStages) {
+                    stage = 0;
+                    phase ^= 1;
+                }
+                continue;
+            }
             if (tid == 0) {
                 mbarrier_arrive_expect_tx(&s.full[stage], STAGE_A_BYTES + STAGE_B_BYTES);
                 tma_load_2d(&s.a[stage][0], tma_a, &s.full[stage], k0, (int32_t)tile.m0);
@@ -463,7 +484,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     smem_layout& s = *reinterpret_cast<smem_layout*>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     if (threadIdx.x == 0) {
         for (int i = 0; i < kStages; ++i) {
-            mbarrier_init(&s.full[i], 1 + 128); /* the TMA thread's expect_tx + 128 cp.async arrivals */
+            /* the TMA thread's expect_tx + 128 cp.async arrivals (MN-major wgrad scales: bulk copies) */
+            mbarrier_init(&s.full[i], kWgrad && MOK_SM90_FP8_WGRAD_MN_SCALES ? 1 : 1 + 128);
             mbarrier_init(&s.empty[i], 8);
         }
         fence_mbarrier_init();

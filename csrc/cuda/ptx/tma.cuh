@@ -74,6 +74,15 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 }
 
 /* 4-byte cp.async global -> shared (a scale); src_bytes 0 writes zeros and leaves src unread. */
+/* Plain bulk copy global -> shared (no tensor map), completing on an mbarrier's tx count. bytes: a
+ * multiple of 16; both addresses 16-byte aligned. */
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     mok_smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(mok_smem_u32(bar))
+                 : "memory");
+}
+
 __device__ __forceinline__ void cp_async_4(void* dst, const void* src, uint32_t src_bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(mok_smem_u32(dst)), "l"(src), "r"(src_bytes)
                  : "memory");
