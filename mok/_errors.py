@@ -18,7 +18,7 @@ def _raise_for(bits: int) -> None:
     if bits & DEVICE_ERR_UNALIGNED_PLAN:
         raise ValueError(
             "mok: a CUDA kernel that needs aligned expert offsets (the FP8 grouped GEMMs: multiples of 128 "
-            "within the rows; mok.fp8.qdq_mxfp8's column-wise copy: multiples of 32) got others in an earlier "
+            "within the rows; mok.fp8.qdq_mxfp8's column-wise copy: multiples of 32 within [0, M], or M) got others in an earlier "
             "call (its output was not computed); use the offsets of a CUDA plan (mok.functional.moe_plan)"
         )
     if bits:

@@ -89,9 +89,10 @@ def qdq_mxfp8(x, *, offsets=None, rows=True, cols=False):
       unpadded one (padding rows are zero and do not change an amax).
 
     A block holding NaN or Inf becomes NaN in every element (its scale is the NaN code). On CUDA one
-    kernel reads x once for both copies; it needs every offsets[e] to be a multiple of 32 (mok's
-    CUDA plans are 128-aligned): otherwise nothing is written and mok.check_errors() raises (the
-    offsets live on the GPU, and checking them here would synchronise).
+    kernel reads x once for both copies; it needs every offsets[e] in [0, M] and a multiple of 32
+    or M itself (mok's CUDA plans are 128-aligned): otherwise nothing is written and
+    mok.check_errors() raises (the offsets live on the GPU, and checking them here would
+    synchronise).
 
     Returns the copy asked for, or (rows, cols) when both are."""
     if not (rows or cols):

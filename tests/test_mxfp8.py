@@ -266,6 +266,12 @@ def test_cuda_qdq_reports_a_misaligned_offset():
     mok.check_errors(synchronize=True)  # cleared
     ops.qdq_mxfp8(x, off, True, False)  # rows only: the offsets are not read
     mok.check_errors(synchronize=True)
+    # past M: flagged too; ending at M itself (not a multiple of 32) is a partial last block, fine
+    ops.qdq_mxfp8(x, torch.tensor([0, 64, 160], dtype=torch.int32, device="cuda"), False, True)
+    with pytest.raises(ValueError, match="offsets"):
+        mok.check_errors(synchronize=True)
+    ops.qdq_mxfp8(x[:100].contiguous(), torch.tensor([0, 64, 100], dtype=torch.int32, device="cuda"), False, True)
+    mok.check_errors(synchronize=True)
     with pytest.raises(ValueError, match=r"offsets must be on the device of x"):
         ops.qdq_mxfp8(x, off.cpu(), False, True)
 

@@ -7,15 +7,15 @@
  * (csrc/core/mok_core.h, where the rules are written out):
  *   rows  1 x 32 blocks along N;
  *   cols  32 x 1 blocks along M, aligned to 32 rows of x: the core's segment rule when every
- *         offsets[e] is a multiple of 32 (mok's CUDA plans are 128-aligned); rows outside
+ *         offsets[e] is a multiple of 32 or M (mok's CUDA plans are 128-aligned); rows outside
  *         [offsets[0], offsets[E]) are written as +0; offsets NULL: one segment [0, M).
  * Either output may be NULL (not computed); both may share nothing with x. One kernel reads x once
  * and writes the copies asked for.
  *
- * An offset that is not a multiple of 32 cannot be checked on the host without a synchronisation:
- * the kernel sets MOK_DEVICE_ERR_UNALIGNED_PLAN in error_flag and writes nothing (neither copy).
- * The kernel uses only the alignment of the offsets and offsets[0], offsets[E]; the core's other
- * conditions (non-decreasing, offsets[E] <= M) are the caller's to keep.
+ * An offset outside [0, M] or neither a multiple of 32 nor M cannot be checked on the host without
+ * a synchronisation: the kernel sets MOK_DEVICE_ERR_UNALIGNED_PLAN in error_flag and writes nothing
+ * (neither copy). The kernel uses only those conditions and offsets[0], offsets[E]; the core's other
+ * condition (non-decreasing) is the caller's to keep.
  */
 #ifndef MOK_QDQ_CUDA_H
 #define MOK_QDQ_CUDA_H

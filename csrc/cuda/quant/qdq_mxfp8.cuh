@@ -177,7 +177,11 @@ __device__ __forceinline__ uint32_t qdq2(uint32_t w, const mx_scale& a, const mx
 /* ---- the kernel ---- */
 
 /* An offset the kernel cannot take: not a multiple of 32, or negative. */
-__device__ __forceinline__ bool bad_offset(int32_t off) { return off < 0 || off % kBlock != 0; }
+/* A segment boundary the 32-row blocks cannot follow: outside [0, M], or neither a multiple of 32 nor
+ * M itself (the last block before M is partial: its rows past M read as 0, as a partial block does). */
+__device__ __forceinline__ bool bad_offset(int32_t off, int64_t M) {
+    return off < 0 || off > M || (off % kBlock != 0 && off != M);
+}
 
 template <bool kRows, bool kCols, bool kVec>
 __global__ void __launch_bounds__(kThreads) qdq_mxfp8_kernel(const params p) {
@@ -186,7 +190,7 @@ __global__ void __launch_bounds__(kThreads) qdq_mxfp8_kernel(const params p) {
     int64_t lo = 0, hi = p.M;
     if (kCols && p.offsets != NULL) {
         bool misaligned = false;
-        for (int64_t e = threadIdx.x; e <= p.E; e += kThreads) misaligned |= bad_offset(p.offsets[e]);
+        for (int64_t e = threadIdx.x; e <= p.E; e += kThreads) misaligned |= bad_offset(p.offsets[e], p.M);
         if (__syncthreads_or(misaligned)) {
             if (blockIdx.x == 0 && threadIdx.x == 0 && p.error_flag != NULL) {
                 /* NOTE: the plan kernel's protocol: read-OR-write of the host-mapped word, system fence */
