@@ -3,6 +3,9 @@ CUDA kernel against the float64 reference on the same quantised operands, the CP
 the core's documented arithmetic, ragged plans, rows outside the experts, argument errors, opcheck,
 torch.compile. Operands are random bf16 tensors quantised with mok.fp8 (realistic scales); plans
 come from mok.functional.moe_plan with 128-row tiles on both devices (the CUDA kernel needs them)."""
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -634,7 +637,23 @@ def test_wgrad_cuda_misaligned_offsets_raise():
     (200, 128, 128, r"R \(a.shape\[1\] and b.shape\[1\]\) must be a multiple of 16 on CUDA"),
 ], ids=["M96", "N200", "R200"])
 def test_wgrad_cuda_shape_rules(R, M, N, match):
-    a_q, a_s, b_q, b_s = make_wgrad_operands(R, M, N, "cuda")
-    offsets = torch.tensor([0, 128, 128], dtype=torch.int32, device="cuda")
-    with pytest.raises(ValueError, match=match):
-        mok.fp8_gemm.grouped_mm_wgrad_blockwise(a_q, a_s, b_q, b_s, offsets)
+    # In a child process: on the H200 (v9) the first of these calls ended the process with a
+    # segmentation fault instead of the ValueError (not yet understood; the check then moved ahead
+    # of the output's allocation). A crash must fail this test, not end the GPU suite.
+    code = f"""
+import re, torch, mok
+R, M, N = {R}, {M}, {N}
+nrb = (R + 127) // 128
+e4m3 = torch.float8_e4m3fn
+a, b = torch.zeros(M, R, device="cuda").to(e4m3), torch.zeros(N, R, device="cuda").to(e4m3)
+sa, sb = torch.ones(M, nrb, device="cuda"), torch.ones(N, nrb, device="cuda")
+offsets = torch.tensor([0, 128, 128], dtype=torch.int32, device="cuda")
+try:
+    mok.fp8_gemm.grouped_mm_wgrad_blockwise(a, sa, b, sb, offsets)
+    print("NO ERROR")
+except ValueError as err:
+    print("MATCH" if re.search({match!r}, str(err)) else "OTHER: " + str(err))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("MATCH"), (run.returncode, run.stdout[-1000:],
+                                                                         run.stderr[-3000:])

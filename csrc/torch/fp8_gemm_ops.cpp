@@ -95,15 +95,19 @@ void grouped_mm_fp8_cuda(const at::Tensor& a, const at::Tensor& a_scales, const 
     check_status(mok_grouped_gemm_fp8_cuda(&g, at::cuda::getCurrentCUDAStream(a.device().index()).stream()), op);
 }
 
-void grouped_mm_fp8_wgrad_cuda(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
-                               const at::Tensor& b_scales, const at::Tensor& offsets, at::Tensor& out, const char* op) {
-    const int64_t M = a.size(0), R = a.size(1), N = b.size(0);
+// The CUDA kernel's shape rules, checked before anything is allocated.
+void check_wgrad_cuda_shapes(int64_t M, int64_t N, int64_t R, const char* op) {
     TORCH_CHECK_VALUE(M % kBlock == 0, op, ": M (a.shape[0]) must be a multiple of 128 on CUDA (the kernel's ",
                       "tile), got ", M);
     TORCH_CHECK_VALUE(N % kBlock == 0, op, ": N (b.shape[0]) must be a multiple of 128 on CUDA (the kernel's ",
                       "tile), got ", N);
     TORCH_CHECK_VALUE(R % 16 == 0, op, ": R (a.shape[1] and b.shape[1]) must be a multiple of 16 on CUDA (the TMA ",
                       "row pitch of a and b), got ", R, "; mok's CUDA plans have a multiple of 128 rows");
+}
+
+void grouped_mm_fp8_wgrad_cuda(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
+                               const at::Tensor& b_scales, const at::Tensor& offsets, at::Tensor& out, const char* op) {
+    const int64_t M = a.size(0), R = a.size(1), N = b.size(0);
     check_aligned(a, op, "a");
     check_aligned(a_scales, op, "a_scales");
     check_aligned(b, op, "b");
@@ -194,6 +198,9 @@ at::Tensor grouped_mm_fp8_wgrad(const at::Tensor& a, const at::Tensor& a_scales,
     TORCH_CHECK_VALUE(offsets.size(0) >= 1, op, ": offsets must hold E + 1 >= 1 values, got shape ",
                       shape_str(offsets));
     const int64_t E = offsets.size(0) - 1;
+#ifdef MOK_WITH_CUDA
+    if (a.is_cuda()) check_wgrad_cuda_shapes(M, N, R, op);
+#endif
 
     // The kernels write every expert's gradient (zeros for an expert without rows).
     auto out = at::empty({E, M, N}, a.options().dtype(at::kBFloat16));
