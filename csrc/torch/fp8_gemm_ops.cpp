@@ -62,6 +62,17 @@ void check_scales(const at::Tensor& s, const at::Tensor& ref, at::IntArrayRef wa
                       recipe, "'), got ", shape_str(s));
 }
 
+// The CPU paths read the offsets on the host, so their values can be checked for free (the core
+// would only say "invalid argument").
+void check_offsets_order(const int32_t* offp, int64_t E, const char* op) {
+    for (int64_t e = 0; e <= E; ++e) {
+        const int32_t prev = e ? offp[e - 1] : 0;
+        TORCH_CHECK_VALUE(offp[e] >= prev, op, ": offsets must be non-negative and non-decreasing (a plan's expert ",
+                          "row offsets), got offsets[", e, "] = ", offp[e], e ? " after " : "",
+                          e ? std::to_string(prev) : "");
+    }
+}
+
 #ifdef MOK_WITH_CUDA
 void check_aligned(const at::Tensor& t, const char* op, const char* name) {
     TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, ": ", name,
@@ -167,13 +178,7 @@ at::Tensor grouped_mm_fp8(const at::Tensor& a, const at::Tensor& a_scales, const
     const float* sbp = b_scales.data_ptr<float>();
     const int32_t* offp = offsets.data_ptr<int32_t>();
     auto* outp = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-    // The offsets are on the host here, so their values can be checked for free (the core would only
-    // say "invalid argument").
-    for (int64_t e = 0; e <= E; ++e) {
-        const int32_t prev = e ? offp[e - 1] : 0;
-        TORCH_CHECK_VALUE(offp[e] >= prev, op, ": offsets must be non-negative and non-decreasing (a plan's expert ",
-                          "row offsets), got offsets[", e, "] = ", offp[e], e ? " after " : "", e ? std::to_string(prev) : "");
-    }
+    check_offsets_order(offp, E, op);
     // Rows are independent and each element's arithmetic does not depend on the split: the result is
     // the same for any thread count. About 1M multiply-adds per task.
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, N * K));
@@ -217,12 +222,7 @@ at::Tensor grouped_mm_fp8_wgrad(const at::Tensor& a, const at::Tensor& a_scales,
     const float* sbp = b_scales.data_ptr<float>();
     const int32_t* offp = offsets.data_ptr<int32_t>();
     auto* outp = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-    for (int64_t e = 0; e <= E; ++e) {
-        const int32_t prev = e ? offp[e - 1] : 0;
-        TORCH_CHECK_VALUE(offp[e] >= prev, op, ": offsets must be non-negative and non-decreasing (a plan's expert ",
-                          "row offsets), got offsets[", e, "] = ", offp[e], e ? " after " : "",
-                          e ? std::to_string(prev) : "");
-    }
+    check_offsets_order(offp, E, op);
     TORCH_CHECK_VALUE(offp[E] <= R, op, ": offsets[E] must be at most R = ", R,
                       " (a.shape[1], the rows the operands hold), got ", offp[E]);
     // Experts are independent and each element's arithmetic does not depend on the split: the result
