@@ -350,11 +350,13 @@ CASES = [
 # The emulation rounds every stored tensor to bf16 as the kernels do and quantises with mok.reference's
 # independent quantiser; what is left is the fp32 (kernels) against float64 (emulation) summation,
 # which now and then flips a bf16 rounding of h, act, d_act, d_h or a result, and rarely, through it,
-# an E4M3 code downstream. Measured on the CPU: at most 3.3e-4 (y and every gradient, 150 runs of the
-# cases below), most runs 0 or ~1e-7. CUDA sums in yet another fp32 order (and its SwiGLU's exp is
-# a few fp32 ulp off): not measured yet, given 2.5x more room.
-TOL_EMULATION = 2e-3
-TOL_CUDA = 5e-3
+# an E4M3 code downstream, or a block's E8M0 scale (the whole block then moves). Measured on the CPU:
+# median ~6e-7, but a heavy tail: 3.8e-3 once in 300 runs of the two largest cases, 2.4e-3 in a CI
+# run. CUDA sums in yet another fp32 order (and its SwiGLU's exp is a few fp32 ulp off). Both get
+# the blockwise recipe's emulation tolerance (tests/test_fp8_experts.py), still well under what
+# separates MXFP8 from the BF16 path (0.02-0.2, TOL_QUANTISED below).
+TOL_EMULATION = 1e-2
+TOL_CUDA = 1e-2
 # MXFP8 against the BF16 path (operands with 3 mantissa bits): the recipe really quantises
 # (measured 0.02-0.2).
 TOL_QUANTISED = 1e-2
