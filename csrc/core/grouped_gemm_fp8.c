@@ -23,9 +23,11 @@ typedef struct {
     int64_t N, K, nkb, nnb; /* nkb = ceil(K / FB), nnb = ceil(N / FB) */
 } fp8_args;
 
-/* acc[i][j] += (sum_k at[i][k] * bt[k][j]) * scale[i] for i < mi, k < kn (exact block sums). */
-static void block_kern(double* acc, const double* at, const double* bt, const double* scale, int64_t mi,
-                       int64_t kn) {
+/* acc[i][j] += (sum_k at[i][k] * bt[k][j]) * (row[i] * col[j]) for i < mi, k < kn (exact block
+ * sums; each scale product is exact in double). col NULL: 1 for every column (the forward's B scale
+ * is one per tile and folded into row). */
+static void block_kern(double* acc, const double* at, const double* bt, const double* row, const double* col,
+                       int64_t mi, int64_t kn) {
     int64_t i, k;
     int j;
     for (i = 0; i < mi; i++) {
@@ -36,7 +38,7 @@ static void block_kern(double* acc, const double* at, const double* bt, const do
             const double* br = bt + k * NB;
             for (j = 0; j < NB; j++) s[j] += av * br[j];
         }
-        for (j = 0; j < NB; j++) acc[i * NB + j] += s[j] * scale[i];
+        for (j = 0; j < NB; j++) acc[i * NB + j] += s[j] * (col ? row[i] * col[j] : row[i]);
     }
 }
 
@@ -58,7 +60,7 @@ static void fp8_tile(const fp8_args* g, int64_t e, int64_t r0, int64_t mi, int64
             const uint8_t* br = g->b + (e * g->N + n0 + j) * g->K + k0;
             for (k = 0; k < kn; k++) bt[k * NB + j] = g->lut[br[k]];
         }
-        block_kern(acc, at, bt, scale, mi, kn);
+        block_kern(acc, at, bt, scale, NULL, mi, kn);
     }
     for (i = 0; i < mi; i++)
         for (j = 0; j < nj; j++) out[(r0 + i) * g->N + n0 + j] = mok_f32_to_bf16_inl((float)acc[i * NB + j]);
@@ -114,23 +116,6 @@ typedef struct {
     int64_t R, M, N, nrb; /* nrb = ceil(R / FB): scale blocks per row of a and b */
 } wgrad_args;
 
-/* acc[i][j] += (sum_k at[i][k] * bt[k][j]) * (sa[i] * sb[j]) for i < mi, k < kn (exact block sums). */
-static void wgrad_block_kern(double* acc, const double* at, const double* bt, const double* sa, const double* sb,
-                             int64_t mi, int64_t kn) {
-    int64_t i, k;
-    int j;
-    for (i = 0; i < mi; i++) {
-        double s[NB];
-        memset(s, 0, sizeof s);
-        for (k = 0; k < kn; k++) {
-            double av = at[i * FB + k];
-            const double* br = bt + k * NB;
-            for (j = 0; j < NB; j++) s[j] += av * br[j];
-        }
-        for (j = 0; j < NB; j++) acc[i * NB + j] += s[j] * (sa[i] * sb[j]);
-    }
-}
-
 /* out[e] rows [m0, m0 + mi), columns [n0, n0 + nj), over the expert's rows [lo, hi) (hi > lo). */
 static void wgrad_tile(const wgrad_args* g, int64_t lo, int64_t hi, int64_t m0, int64_t mi, int64_t n0, int64_t nj,
                        uint16_t* out_e) {
@@ -151,7 +136,7 @@ static void wgrad_tile(const wgrad_args* g, int64_t lo, int64_t hi, int64_t m0, 
             for (k = 0; k < kn; k++) bt[k * NB + j] = g->lut[br[k]];
             sb[j] = (double)g->sb[(n0 + j) * g->nrb + kb];
         }
-        wgrad_block_kern(acc, at, bt, sa, sb, mi, kn);
+        block_kern(acc, at, bt, sa, sb, mi, kn);
     }
     for (i = 0; i < mi; i++)
         for (j = 0; j < nj; j++) out_e[(m0 + i) * g->N + n0 + j] = mok_f32_to_bf16_inl((float)acc[i * NB + j]);
