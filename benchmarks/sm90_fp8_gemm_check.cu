@@ -92,23 +92,39 @@ static double reference(const problem& p, int64_t r, int64_t n) {
     return out;
 }
 
+/* A device copy of a host vector. */
+template <typename T>
+static T* upload(const std::vector<T>& host) {
+    T* dev;
+    CHECK(cudaMalloc(&dev, host.size() * sizeof(T)));
+    CHECK(cudaMemcpy(dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return dev;
+}
+
+/* ms per call of launch() over iters back-to-back calls. */
+template <typename Launch>
+static float time_calls(Launch launch, int iters) {
+    cudaEvent_t t0, t1;
+    CHECK(cudaEventCreate(&t0));
+    CHECK(cudaEventCreate(&t1));
+    CHECK(cudaEventRecord(t0));
+    for (int i = 0; i < iters; ++i) launch();
+    CHECK(cudaEventRecord(t1));
+    CHECK(cudaDeviceSynchronize());
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, t0, t1));
+    CHECK(cudaEventDestroy(t0));
+    CHECK(cudaEventDestroy(t1));
+    return ms / iters;
+}
+
 /* Runs the kernel; returns ms per call (iters timed calls) and the bf16 output on the host. */
 static float run(const problem& p, int iters, std::vector<uint16_t>* out_host) {
-    uint8_t *a, *b;
-    float *sa, *sb;
-    int32_t* offsets;
+    uint8_t *a = upload(p.a), *b = upload(p.b);
+    float *sa = upload(p.sa), *sb = upload(p.sb);
+    int32_t* offsets = upload(p.offsets);
     void* out;
-    CHECK(cudaMalloc(&a, p.a.size()));
-    CHECK(cudaMalloc(&b, p.b.size()));
-    CHECK(cudaMalloc(&sa, p.sa.size() * 4));
-    CHECK(cudaMalloc(&sb, p.sb.size() * 4));
-    CHECK(cudaMalloc(&offsets, p.offsets.size() * 4));
     CHECK(cudaMalloc(&out, p.R * p.N * 2));
-    CHECK(cudaMemcpy(a, p.a.data(), p.a.size(), cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(b, p.b.data(), p.b.size(), cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(sa, p.sa.data(), p.sa.size() * 4, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(sb, p.sb.data(), p.sb.size() * 4, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(offsets, p.offsets.data(), p.offsets.size() * 4, cudaMemcpyHostToDevice));
     CHECK(cudaMemset(out, 0, p.R * p.N * 2));
 
     mok_grouped_gemm_fp8_args g;
@@ -123,19 +139,11 @@ static float run(const problem& p, int iters, std::vector<uint16_t>* out_host) {
     CHECK(cudaDeviceSynchronize());
     float ms = 0;
     if (iters > 0) {
-        cudaEvent_t t0, t1;
-        CHECK(cudaEventCreate(&t0));
-        CHECK(cudaEventCreate(&t1));
 #ifdef MOK_SM90_TIMING
         unsigned long long zero[mok_sm90::TIMING_SLOTS] = {0};
         CHECK(cudaMemcpyToSymbol(mok_sm90::timing, zero, sizeof(zero)));
 #endif
-        CHECK(cudaEventRecord(t0));
-        for (int i = 0; i < iters; ++i) CHECK((cudaError_t)mok_grouped_gemm_fp8_cuda(&g, 0));
-        CHECK(cudaEventRecord(t1));
-        CHECK(cudaDeviceSynchronize());
-        CHECK(cudaEventElapsedTime(&ms, t0, t1));
-        ms /= iters;
+        ms = time_calls([&] { CHECK((cudaError_t)mok_grouped_gemm_fp8_cuda(&g, 0)); }, iters);
 #ifdef MOK_SM90_TIMING
         unsigned long long c[mok_sm90::TIMING_SLOTS];
         CHECK(cudaMemcpyFromSymbol(c, mok_sm90::timing, sizeof(c)));
@@ -216,36 +224,23 @@ static double wgrad_reference(const wgrad_problem& p, int64_t e, int64_t m, int6
 }
 
 static float run_wgrad(const wgrad_problem& p, int iters, std::vector<uint16_t>* out_host) {
-    uint8_t *a, *b;
-    float *sa, *sb;
-    int32_t* offsets;
-    void* out;
     const size_t out_bytes = (size_t)(p.E * p.M * p.N * 2);
-    CHECK(cudaMalloc(&a, p.a.size()));
-    CHECK(cudaMalloc(&b, p.b.size()));
-    CHECK(cudaMalloc(&sa, p.sa.size() * 4));
-    CHECK(cudaMalloc(&sb, p.sb.size() * 4));
-    CHECK(cudaMalloc(&offsets, p.offsets.size() * 4));
-    CHECK(cudaMalloc(&out, out_bytes));
-    CHECK(cudaMemcpy(a, p.a.data(), p.a.size(), cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(b, p.b.data(), p.b.size(), cudaMemcpyHostToDevice));
+    uint8_t *a = upload(p.a), *b = upload(p.b);
 #if MOK_SM90_FP8_WGRAD_MN_SCALES
-    {
-        /* the experiment reads MN-major scales: [R / 128, M] and [R / 128, N] */
-        const int64_t ld = p.R / 128;
-        std::vector<float> ta(p.sa.size()), tb(p.sb.size());
-        for (int64_t m = 0; m < p.M; ++m)
-            for (int64_t kb = 0; kb < ld; ++kb) ta[kb * p.M + m] = p.sa[m * ld + kb];
-        for (int64_t n = 0; n < p.N; ++n)
-            for (int64_t kb = 0; kb < ld; ++kb) tb[kb * p.N + n] = p.sb[n * ld + kb];
-        CHECK(cudaMemcpy(sa, ta.data(), ta.size() * 4, cudaMemcpyHostToDevice));
-        CHECK(cudaMemcpy(sb, tb.data(), tb.size() * 4, cudaMemcpyHostToDevice));
-    }
+    /* the experiment reads MN-major scales: [R / 128, M] and [R / 128, N] */
+    const int64_t ld = p.R / 128;
+    std::vector<float> ta(p.sa.size()), tb(p.sb.size());
+    for (int64_t m = 0; m < p.M; ++m)
+        for (int64_t kb = 0; kb < ld; ++kb) ta[kb * p.M + m] = p.sa[m * ld + kb];
+    for (int64_t n = 0; n < p.N; ++n)
+        for (int64_t kb = 0; kb < ld; ++kb) tb[kb * p.N + n] = p.sb[n * ld + kb];
+    float *sa = upload(ta), *sb = upload(tb);
 #else
-    CHECK(cudaMemcpy(sa, p.sa.data(), p.sa.size() * 4, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(sb, p.sb.data(), p.sb.size() * 4, cudaMemcpyHostToDevice));
+    float *sa = upload(p.sa), *sb = upload(p.sb);
 #endif
-    CHECK(cudaMemcpy(offsets, p.offsets.data(), p.offsets.size() * 4, cudaMemcpyHostToDevice));
+    int32_t* offsets = upload(p.offsets);
+    void* out;
+    CHECK(cudaMalloc(&out, out_bytes));
     CHECK(cudaMemset(out, 0xFF, out_bytes)); /* NaN bits: every output must be written */
 
     mok_grouped_gemm_fp8_wgrad_args g;
@@ -258,18 +253,8 @@ static float run_wgrad(const wgrad_problem& p, int iters, std::vector<uint16_t>*
     }
     CHECK((cudaError_t)mok_grouped_gemm_fp8_wgrad_cuda(&g, 0));
     CHECK(cudaDeviceSynchronize());
-    float ms = 0;
-    if (iters > 0) {
-        cudaEvent_t t0, t1;
-        CHECK(cudaEventCreate(&t0));
-        CHECK(cudaEventCreate(&t1));
-        CHECK(cudaEventRecord(t0));
-        for (int i = 0; i < iters; ++i) CHECK((cudaError_t)mok_grouped_gemm_fp8_wgrad_cuda(&g, 0));
-        CHECK(cudaEventRecord(t1));
-        CHECK(cudaDeviceSynchronize());
-        CHECK(cudaEventElapsedTime(&ms, t0, t1));
-        ms /= iters;
-    }
+    const float ms = iters > 0 ? time_calls([&] { CHECK((cudaError_t)mok_grouped_gemm_fp8_wgrad_cuda(&g, 0)); }, iters)
+                               : 0.f;
     out_host->resize(out_bytes / 2);
     CHECK(cudaMemcpy(out_host->data(), out, out_bytes, cudaMemcpyDeviceToHost));
     cudaFree(a), cudaFree(b), cudaFree(sa), cudaFree(sb), cudaFree(offsets), cudaFree(out);
