@@ -186,7 +186,8 @@ static double rel_err(const problem& p, const std::vector<uint16_t>& out, int64_
     return sqrt(num / (den > 0 ? den : 1));
 }
 
-/* ---- weight-gradient variant: a [M, R], b [N, R], 1 x 128 scales along R, out [E, M, N] ---- */
+/* ---- weight-gradient variant: a [M, R], b [N, R], 1 x 128 scales along R stored MN-major
+ *      ([R / 128, M] and [R / 128, N]), out [E, M, N] ---- */
 
 struct wgrad_problem {
     int64_t R, E, M, N;
@@ -212,13 +213,12 @@ static wgrad_problem make_wgrad_problem(int64_t R, int64_t E, int64_t M, int64_t
 }
 
 static double wgrad_reference(const wgrad_problem& p, int64_t e, int64_t m, int64_t n) {
-    const int64_t ld = p.R / 128;
     double out = 0;
     for (int64_t kb = p.offsets[e] / 128; kb < p.offsets[e + 1] / 128; ++kb) {
         double part = 0;
         for (int64_t r = kb * 128; r < kb * 128 + 128; ++r)
             part += e4m3_to_double(p.a[m * p.R + r]) * e4m3_to_double(p.b[n * p.R + r]);
-        out += part * p.sa[m * ld + kb] * p.sb[n * ld + kb];
+        out += part * p.sa[kb * p.M + m] * p.sb[kb * p.N + n];
     }
     return out;
 }
@@ -226,18 +226,7 @@ static double wgrad_reference(const wgrad_problem& p, int64_t e, int64_t m, int6
 static float run_wgrad(const wgrad_problem& p, int iters, std::vector<uint16_t>* out_host) {
     const size_t out_bytes = (size_t)(p.E * p.M * p.N * 2);
     uint8_t *a = upload(p.a), *b = upload(p.b);
-#if MOK_SM90_FP8_WGRAD_MN_SCALES
-    /* the experiment reads MN-major scales: [R / 128, M] and [R / 128, N] */
-    const int64_t ld = p.R / 128;
-    std::vector<float> ta(p.sa.size()), tb(p.sb.size());
-    for (int64_t m = 0; m < p.M; ++m)
-        for (int64_t kb = 0; kb < ld; ++kb) ta[kb * p.M + m] = p.sa[m * ld + kb];
-    for (int64_t n = 0; n < p.N; ++n)
-        for (int64_t kb = 0; kb < ld; ++kb) tb[kb * p.N + n] = p.sb[n * ld + kb];
-    float *sa = upload(ta), *sb = upload(tb);
-#else
     float *sa = upload(p.sa), *sb = upload(p.sb);
-#endif
     int32_t* offsets = upload(p.offsets);
     void* out;
     CHECK(cudaMalloc(&out, out_bytes));

@@ -42,7 +42,7 @@ import torch
 from . import fp8
 from ._gate_up import gate_up_backward
 from ._ops import ops
-from .fp8_gemm import BLOCK, quantize_weight_blockwise
+from .fp8_gemm import BLOCK, colwise_operand, quantize_colwise_blockwise, quantize_weight_blockwise
 
 RECIPES = ("bf16", "blockwise", "mxfp8")  # every recipe of the layers ("mxfp8": mok/_mxfp8_experts.py)
 ACT_RECIPE = "blockwise_1x128"
@@ -96,15 +96,15 @@ def _fp8_mm(a, w_q, w_s, offsets):
 
 
 def _quantize_grad(g, row, col):
-    """((q, scales) row-wise or None, (qt, scales_t) column-wise or None) of an incoming gradient
+    """((q, scales) row-wise or None, (qt, scales MN-major) column-wise or None) of an incoming gradient
     g [R, N]: one quantize_rowcol when both are needed, else only the copy that is."""
     if row and col:
         rc = fp8.quantize_rowcol(g, ACT_RECIPE)
-        return (rc.q, rc.scales), (rc.qt, rc.scales_t)
+        return (rc.q, rc.scales), colwise_operand(rc)
     if row:
         return fp8.quantize(g, ACT_RECIPE), None
     if col:
-        return None, fp8.quantize(g.t().contiguous(), ACT_RECIPE)
+        return None, quantize_colwise_blockwise(g)
     return None, None
 
 
@@ -119,7 +119,7 @@ class _Fp8GateUp(torch.autograd.Function):
         if fp8_wgrad:
             xq = fp8.quantize_rowcol(x_rows, ACT_RECIPE)
             h = ops.grouped_mm_fp8(xq.q, xq.scales, w_q, w_s, offsets)
-            xt_q, xt_s, x_rows = xq.qt, xq.scales_t, None
+            (xt_q, xt_s), x_rows = colwise_operand(xq), None
         else:
             h = _fp8_mm(x_rows, w_q, w_s, offsets)
         ctx.save_for_backward(x, gate_up, src_of_row, row_of, offsets, x_rows, wt_q, wt_s, xt_q, xt_s)
@@ -157,7 +157,7 @@ class _Fp8Down(torch.autograd.Function):
         if fp8_wgrad:
             aq = fp8.quantize_rowcol(act, ACT_RECIPE)
             rows = ops.grouped_mm_fp8(aq.q, aq.scales, w_q, w_s, offsets)
-            at_q, at_s, act = aq.qt, aq.scales_t, None
+            (at_q, at_s), act = colwise_operand(aq), None
         else:
             rows = _fp8_mm(act, w_q, w_s, offsets)
         ctx.save_for_backward(act, down, offsets, wt_q, wt_s, at_q, at_s)

@@ -11,9 +11,9 @@ expert's rows, on column-wise copies of both operands).
     out = mok.fp8_gemm.grouped_mm_blockwise(a_q, a_scales, b_q, b_scales, plan.offsets)   # [R, N] bf16
 
     # weight gradient: d_w[e] = d_out[rows of e]^T @ rows[rows of e], [E, N, K]
-    g = mok.fp8.quantize_rowcol(d_out, "blockwise_1x128")             # d_out [R, N]: g.qt [N, R]
-    x = mok.fp8.quantize_rowcol(rows, "blockwise_1x128")              # rows [R, K]: x.qt [K, R]
-    d_w = mok.fp8_gemm.grouped_mm_wgrad_blockwise(g.qt, g.scales_t, x.qt, x.scales_t, plan.offsets)
+    g_q, g_s = mok.fp8_gemm.quantize_colwise_blockwise(d_out)        # d_out [R, N]: g_q [N, R]
+    x_q, x_s = mok.fp8_gemm.quantize_colwise_blockwise(rows)         # rows [R, K]: x_q [K, R]
+    d_w = mok.fp8_gemm.grouped_mm_wgrad_blockwise(g_q, g_s, x_q, x_s, plan.offsets)
 """
 import torch
 
@@ -62,20 +62,22 @@ def grouped_mm_wgrad_blockwise(a_q, a_scales, b_q, b_scales, offsets):
 
     Layouts (all contiguous, on one device):
       a_q       [M, R]               float8_e4m3fn  column-wise copy of an [R, M] tensor (R contiguous)
-      a_scales  [M, ceil(R/128)]     float32        one scale per 1x128 block along R
+      a_scales  [ceil(R/128), M]     float32        one scale per 1x128 block along R, MN-major
       b_q       [N, R]               float8_e4m3fn  column-wise copy of an [R, N] tensor
-      b_scales  [N, ceil(R/128)]     float32        one scale per 1x128 block along R
+      b_scales  [ceil(R/128), N]     float32        one scale per 1x128 block along R, MN-major
       offsets   [E + 1]              int32          expert e owns rows [offsets[e], offsets[e+1])
 
     For each expert e:
-      out[e, m, n] = sum_{offsets[e] <= r < offsets[e+1]} a_scales[m, r // 128] * b_scales[n, r // 128]
+      out[e, m, n] = sum_{offsets[e] <= r < offsets[e+1]} a_scales[r // 128, m] * b_scales[r // 128, n]
                                                           * a_q[m, r] * b_q[n, r]
     returned as bf16 [E, M, N]; an expert with no rows gets zeros; rows before offsets[0] or at/after
     offsets[E] are not read. That is (dequantize(a)[:, rows of e] @ dequantize(b)[:, rows of e].T) for
     each expert (mok.reference.grouped_mm_fp8_wgrad_blockwise).
 
-    Operands: the column-wise copies of mok.fp8.quantize_rowcol(x, "blockwise_1x128"): for x [R, M],
-    a_q, a_scales = its qt, scales_t (the same as mok.fp8.quantize(x.t().contiguous(), "blockwise_1x128")).
+    Operands: quantize_colwise_blockwise(x) for x [R, M] (or colwise_operand of a
+    mok.fp8.quantize_rowcol(x, "blockwise_1x128") that also gives the row-wise copy). The scales are
+    MN-major (scales_t transposed) so that the kernel reads a 128-row block's scales of a tile as one
+    contiguous run (one bulk copy per pipeline stage instead of 128 + 128 four-byte copies).
     With x = the output gradient [R, N_w] and the GEMM's input rows [R, K_w], the result is the weight
     gradient [E, N_w, K_w] of out = rows @ w[e]^T.
 
@@ -91,6 +93,21 @@ def grouped_mm_wgrad_blockwise(a_q, a_scales, b_q, b_scales, offsets):
 
     No autograd formula (gradients do not flow through this op)."""
     return ops.grouped_mm_fp8_wgrad(a_q, a_scales, b_q, b_scales, offsets)
+
+
+def colwise_operand(rc):
+    """(qt [M, R], scales [ceil(R/128), M]): the column-wise copy of a
+    mok.fp8.quantize_rowcol(x, "blockwise_1x128") result (x [R, M]) in the form
+    grouped_mm_wgrad_blockwise takes (its scales_t transposed to MN-major)."""
+    return rc.qt, rc.scales_t.t().contiguous()
+
+
+def quantize_colwise_blockwise(x):
+    """x [R, M] -> (qt [M, R] float8_e4m3fn, scales [ceil(R/128), M] float32): x quantised in 1 x 128
+    blocks along R (its column-wise copy, mok.fp8.quantize(x.t().contiguous(), "blockwise_1x128")),
+    scales MN-major: an operand of grouped_mm_wgrad_blockwise."""
+    qt, scales_t = fp8.quantize(x.t().contiguous(), "blockwise_1x128")
+    return qt, scales_t.t().contiguous()
 
 
 def quantize_weight_blockwise(w):

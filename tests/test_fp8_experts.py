@@ -140,7 +140,7 @@ def _fp8_wgrad_emulated(a_rows, b_rows, offsets):
     of a_rows [R, M] and b_rows [R, N]."""
     a_q, a_s = R.quantize_fp8(a_rows.t().contiguous(), "blockwise_1x128")
     b_q, b_s = R.quantize_fp8(b_rows.t().contiguous(), "blockwise_1x128")
-    return R.grouped_mm_fp8_wgrad_blockwise(a_q, a_s, b_q, b_s, offsets)
+    return R.grouped_mm_fp8_wgrad_blockwise(a_q, a_s.t(), b_q, b_s.t(), offsets)  # scales MN-major
 
 
 def _emulate_fp8_backward(x, idx, w, gate_up, down, g, plan, *, fp8_dgrad, fp8_wgrad):

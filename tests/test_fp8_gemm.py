@@ -322,7 +322,8 @@ def test_compile_fullgraph_cpu():
 
 # ================================================================ weight gradient (K-grouped)
 # mok::grouped_mm_fp8_wgrad (mok.fp8_gemm.grouped_mm_wgrad_blockwise): out[e] = deq(a)[:, rows of e]
-# @ deq(b)[:, rows of e]^T, on column-wise copies a [M, R], b [N, R] with 1x128 scales along R. The
+# @ deq(b)[:, rows of e]^T, on column-wise copies a [M, R], b [N, R] with 1x128 scales along R, stored
+# MN-major ([ceil(R/128), M] and [ceil(R/128), N]). The
 # same tolerance TOL as the forward: the CPU op is exact up to one bf16 rounding per element; CUDA
 # adds the fp32 accumulation of each 128-row block and its fp32 promotion (~1e-6 relative), then the
 # same bf16 rounding, so CUDA against the CPU op differs by a few bf16 ulps at most (typically
@@ -331,15 +332,15 @@ def test_compile_fullgraph_cpu():
 
 def make_wgrad_operands(R, M, N, device):
     """(a_q [M, R], a_scales, b_q [N, R], b_scales): the column-wise copies (quantize_rowcol's qt,
-    scales_t) of bf16 x [R, M] and y [R, N] whose magnitudes vary per row and per column, so the scales
-    differ from block to block. Rows outside the experts hold data too (it must not show)."""
+    scales_t made MN-major) of bf16 x [R, M] and y [R, N] whose magnitudes vary per row and per
+    column, so the scales differ from block to block. Rows outside the experts hold data too (it must not show)."""
     def rows(n):
         t = torch.randn(R, n, device=device) * torch.exp(torch.randn(R, 1, device=device))
         return (t * torch.exp(torch.randn(1, n, device=device))).bfloat16()
 
     xc = mok.fp8.quantize_rowcol(rows(M), "blockwise_1x128")
     yc = mok.fp8.quantize_rowcol(rows(N), "blockwise_1x128")
-    return xc.qt, xc.scales_t, yc.qt, yc.scales_t
+    return (*mok.fp8_gemm.colwise_operand(xc), *mok.fp8_gemm.colwise_operand(yc))
 
 
 # (R, offsets, M, N): explicit offsets (CPU: any offsets; a 128-row scale block may be shared by two
@@ -376,8 +377,8 @@ def run_wgrad(a_q, a_s, b_q, b_s, offsets):
 def wgrad_ref_from_dequantize(a_q, a_s, b_q, b_s, offsets):
     """float64 [E, M, N] from mok.fp8.dequantize of both operands (float32 values, each within 2^-24 of
     the exact code * scale), per expert a[:, lo:hi] @ b[:, lo:hi]^T."""
-    A = mok.fp8.dequantize(a_q.cpu(), a_s.cpu(), "blockwise_1x128").double()
-    B = mok.fp8.dequantize(b_q.cpu(), b_s.cpu(), "blockwise_1x128").double()
+    A = mok.fp8.dequantize(a_q.cpu(), a_s.cpu().t().contiguous(), "blockwise_1x128").double()
+    B = mok.fp8.dequantize(b_q.cpu(), b_s.cpu().t().contiguous(), "blockwise_1x128").double()
     off = offsets.long().tolist()
     out = torch.zeros(len(off) - 1, A.shape[0], B.shape[0], dtype=torch.float64)
     for e in range(len(off) - 1):
@@ -400,7 +401,7 @@ def wgrad_core_formula(a_q, a_s, b_q, b_s, offsets):
         for kb in range(lo // 128, -(-hi // 128)):
             r0, r1 = max(lo, kb * 128), min(hi, kb * 128 + 128)
             s = A[:, r0:r1] @ B[:, r0:r1].t()
-            acc = acc + s * (a_s[:, kb].double()[:, None] * b_s[:, kb].double()[None, :])
+            acc = acc + s * (a_s[kb].double()[:, None] * b_s[kb].double()[None, :])
         out[e] = acc
     return out.float().bfloat16()
 
@@ -436,10 +437,12 @@ def test_wgrad_is_the_weight_gradient_up_to_fp8_rounding(_fresh_seed):
     R, E, N, K = 400, 3, 256, 128
     offsets = torch.tensor([0, 150, 150, 400], dtype=torch.int32)
     d_out, rows = torch.randn(R, N).bfloat16(), torch.randn(R, K).bfloat16()
-    g = mok.fp8.quantize_rowcol(d_out, "blockwise_1x128")
-    x = mok.fp8.quantize_rowcol(rows, "blockwise_1x128")
-    d_w = mok.fp8_gemm.grouped_mm_wgrad_blockwise(g.qt, g.scales_t, x.qt, x.scales_t, offsets)
+    g = mok.fp8_gemm.quantize_colwise_blockwise(d_out)
+    x = mok.fp8.quantize_rowcol(rows, "blockwise_1x128")  # the rowcol form gives the same operand
+    d_w = mok.fp8_gemm.grouped_mm_wgrad_blockwise(*g, *mok.fp8_gemm.colwise_operand(x), offsets)
     assert d_w.shape == (E, N, K)
+    assert torch.equal(d_w.view(torch.int16), mok.fp8_gemm.grouped_mm_wgrad_blockwise(
+        *g, *mok.fp8_gemm.quantize_colwise_blockwise(rows), offsets).view(torch.int16))
     want = reference.grouped_mm_wgrad(d_out.double(), rows.double(), offsets)
     assert 1e-2 < rel_err(d_w, want) < 0.08, f"seed {_fresh_seed}"
 
@@ -479,7 +482,7 @@ def test_wgrad_nan_passes_through(device):
     a = mok.fp8.quantize_rowcol(x.bfloat16(), "blockwise_1x128")
     b = mok.fp8.quantize_rowcol(torch.randn(R, N, device=device).bfloat16(), "blockwise_1x128")
     offsets = torch.tensor([0, 128, 256], dtype=torch.int32, device=device)
-    out = run_wgrad(a.qt, a.scales_t, b.qt, b.scales_t, offsets).cpu()
+    out = run_wgrad(*mok.fp8_gemm.colwise_operand(a), *mok.fp8_gemm.colwise_operand(b), offsets).cpu()
     assert torch.isnan(out[0, 3]).all()
     mask = torch.ones_like(out, dtype=torch.bool)
     mask[0, 3] = False
@@ -492,22 +495,22 @@ def test_wgrad_degenerate_sizes(device):
     z = lambda *s, dt=f8: torch.zeros(*s, device=device, dtype=dt)  # noqa: E731
     off = lambda *v: torch.tensor(v, dtype=torch.int32, device=device)  # noqa: E731
     # No experts.
-    out = run_wgrad(z(128, 128), z(128, 1, dt=torch.float32), z(128, 128), z(128, 1, dt=torch.float32), off(0))
+    out = run_wgrad(z(128, 128), z(1, 128, dt=torch.float32), z(128, 128), z(1, 128, dt=torch.float32), off(0))
     assert out.shape == (0, 128, 128)
     # R = 0: every expert's gradient is an empty sum (0), written.
-    out = run_wgrad(z(128, 0), z(128, 0, dt=torch.float32), z(256, 0), z(256, 0, dt=torch.float32), off(0, 0, 0))
+    out = run_wgrad(z(128, 0), z(0, 128, dt=torch.float32), z(256, 0), z(0, 256, dt=torch.float32), off(0, 0, 0))
     assert out.shape == (2, 128, 256) and (out == 0).all()
     # M = 0, N = 0.
-    out = run_wgrad(z(0, 128), z(0, 1, dt=torch.float32), z(128, 128), z(128, 1, dt=torch.float32), off(0, 128))
+    out = run_wgrad(z(0, 128), z(1, 0, dt=torch.float32), z(128, 128), z(1, 128, dt=torch.float32), off(0, 128))
     assert out.shape == (1, 0, 128)
-    out = run_wgrad(z(128, 128), z(128, 1, dt=torch.float32), z(0, 128), z(0, 1, dt=torch.float32), off(0, 128))
+    out = run_wgrad(z(128, 128), z(1, 128, dt=torch.float32), z(0, 128), z(1, 0, dt=torch.float32), off(0, 128))
     assert out.shape == (1, 128, 0)
 
 
 def good_wgrad_args(R=256, M=256, N=128):
-    a = mok.fp8.quantize_rowcol(torch.randn(R, M), "blockwise_1x128")
-    b = mok.fp8.quantize_rowcol(torch.randn(R, N), "blockwise_1x128")
-    return [a.qt, a.scales_t, b.qt, b.scales_t, torch.tensor([0, 128, 256], dtype=torch.int32)]
+    a = mok.fp8_gemm.quantize_colwise_blockwise(torch.randn(R, M))
+    b = mok.fp8_gemm.quantize_colwise_blockwise(torch.randn(R, N))
+    return [*a, *b, torch.tensor([0, 128, 256], dtype=torch.int32)]
 
 
 def with_wgrad_arg(i, value):
@@ -523,19 +526,20 @@ WGRAD_BAD = [
                  id="a-dim"),
     pytest.param(with_wgrad_arg(0, torch.zeros(256, 256, dtype=torch.float8_e4m3fn).t()), r"a must be contiguous",
                  id="a-strides"),
-    pytest.param(with_wgrad_arg(1, torch.ones(256, 3)),
-                 r"a_scales must have shape \[M, ceil\(R / 128\)\] = \[256, 2\]", id="a_scales-shape"),
-    pytest.param(with_wgrad_arg(1, torch.ones(256, 2, dtype=torch.float64)), r"a_scales must be Float, got Double",
+    pytest.param(with_wgrad_arg(1, torch.ones(3, 256)),
+                 r"a_scales must have shape \[ceil\(R / 128\), M\] = \[2, 256\] \(MN-major", id="a_scales-shape"),
+    pytest.param(with_wgrad_arg(1, torch.ones(256, 2)),
+                 r"a_scales must have shape \[ceil\(R / 128\), M\] = \[2, 256\]", id="a_scales-not-MN-major"),
+    pytest.param(with_wgrad_arg(1, torch.ones(2, 256, dtype=torch.float64)), r"a_scales must be Float, got Double",
                  id="a_scales-dtype"),
     pytest.param(with_wgrad_arg(2, torch.zeros(128, 256).bfloat16()), r"b must be Float8_e4m3fn", id="b-dtype"),
     pytest.param(with_wgrad_arg(2, torch.zeros(1, 128, 256, dtype=torch.float8_e4m3fn)), r"b must be 2-D \[N, R\]",
                  id="b-dim"),
     pytest.param(with_wgrad_arg(2, torch.zeros(128, 384, dtype=torch.float8_e4m3fn)), r"b.shape\[1\] must be 256",
                  id="b-R"),
-    pytest.param(with_wgrad_arg(3, torch.ones(128, 1)),
-                 r"b_scales must have shape \[N, ceil\(R / 128\)\] = \[128, 2\]", id="b_scales-shape"),
-    pytest.param(with_wgrad_arg(3, torch.ones(128, 2).t().contiguous().t()), r"b_scales must be contiguous",
-                 id="b_scales-strides"),
+    pytest.param(with_wgrad_arg(3, torch.ones(1, 128)),
+                 r"b_scales must have shape \[ceil\(R / 128\), N\] = \[2, 128\]", id="b_scales-shape"),
+    pytest.param(with_wgrad_arg(3, torch.ones(128, 2).t()), r"b_scales must be contiguous", id="b_scales-strides"),
     pytest.param(with_wgrad_arg(4, torch.tensor([0, 128, 256])), r"offsets must be Int, got Long",
                  id="offsets-dtype"),
     pytest.param(with_wgrad_arg(4, torch.zeros(1, 3, dtype=torch.int32)), r"offsets must be 1-D \[E \+ 1\]",
@@ -578,8 +582,8 @@ def test_wgrad_opcheck(device):
 def test_wgrad_compile_fullgraph_cpu():
     def f(d_out, rows, offsets):
         g = mok.fp8.quantize_rowcol(d_out, "blockwise_1x128")
-        x = mok.fp8.quantize_rowcol(rows, "blockwise_1x128")
-        return mok.fp8_gemm.grouped_mm_wgrad_blockwise(g.qt, g.scales_t, x.qt, x.scales_t, offsets)
+        x = mok.fp8_gemm.quantize_colwise_blockwise(rows)
+        return mok.fp8_gemm.grouped_mm_wgrad_blockwise(*mok.fp8_gemm.colwise_operand(g), *x, offsets)
 
     plan = mok.functional.moe_plan(make_routing(60, 2, 4, "random"), 4, tile=1)
     R = plan.src_of_row.shape[0]
@@ -646,7 +650,7 @@ R, M, N = {R}, {M}, {N}
 nrb = (R + 127) // 128
 e4m3 = torch.float8_e4m3fn
 a, b = torch.zeros(M, R, device="cuda").to(e4m3), torch.zeros(N, R, device="cuda").to(e4m3)
-sa, sb = torch.ones(M, nrb, device="cuda"), torch.ones(N, nrb, device="cuda")
+sa, sb = torch.ones(nrb, M, device="cuda"), torch.ones(nrb, N, device="cuda")
 offsets = torch.tensor([0, 128, 128], dtype=torch.int32, device="cuda")
 try:
     mok.fp8_gemm.grouped_mm_wgrad_blockwise(a, sa, b, sb, offsets)

@@ -70,8 +70,8 @@ def fp8_wgrad_case(device):
     idx = make_moe_inputs(case, torch.float32, device)[1]
     plan = mok.functional.moe_plan(idx, case.E, tile=128)
     R = plan.src_of_row.shape[0]
-    a_q, a_s = mok.fp8.quantize(torch.randn(R, 256, device=device).t().contiguous(), "blockwise_1x128")
-    b_q, b_s = mok.fp8.quantize(torch.randn(R, 128, device=device).t().contiguous(), "blockwise_1x128")
+    a_q, a_s = mok.fp8_gemm.quantize_colwise_blockwise(torch.randn(R, 256, device=device))
+    b_q, b_s = mok.fp8_gemm.quantize_colwise_blockwise(torch.randn(R, 128, device=device))
     return a_q, a_s, b_q, b_s, plan.offsets
 
 

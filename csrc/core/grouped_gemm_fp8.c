@@ -101,7 +101,8 @@ int mok_grouped_gemm_fp8_blockwise(const uint8_t* a, const float* sa, const uint
 
 /* ------------------------------------------------------------------------------------------------
  * Weight gradient (K-grouped): out[e] [M, N] = sum over expert e's rows r of A[m, r] * B[n, r], on
- * column-wise copies a [M, R], b [N, R] with one scale per 1x128 block along R for both. Work goes
+ * column-wise copies a [M, R], b [N, R] with one scale per 1x128 block along R for both, stored
+ * MN-major: sa [ceil(R / 128), M], sb [ceil(R / 128), N] (a K-block's scales are contiguous). Work goes
  * in tiles of MB x NB outputs of one expert; for each 128-row scale block the expert's rows of it
  * (a block may straddle two experts when the offsets are not 128-aligned) are summed exactly in
  * double, scaled by sa[m, kb] * sb[n, kb] (exact in double) and added, blocks in increasing order.
@@ -113,7 +114,7 @@ typedef struct {
     const float* sa;
     const uint8_t* b;
     const float* sb;
-    int64_t R, M, N, nrb; /* nrb = ceil(R / FB): scale blocks per row of a and b */
+    int64_t R, M, N;
 } wgrad_args;
 
 /* out[e] rows [m0, m0 + mi), columns [n0, n0 + nj), over the expert's rows [lo, hi) (hi > lo). */
@@ -128,13 +129,13 @@ static void wgrad_tile(const wgrad_args* g, int64_t lo, int64_t hi, int64_t m0, 
         for (i = 0; i < mi; i++) {
             const uint8_t* ar = g->a + (m0 + i) * g->R + r0;
             for (k = 0; k < kn; k++) at[i * FB + k] = g->lut[ar[k]];
-            sa[i] = (double)g->sa[(m0 + i) * g->nrb + kb];
+            sa[i] = (double)g->sa[kb * g->M + m0 + i];
         }
         memset(bt, 0, sizeof bt);
         for (j = 0; j < nj; j++) {
             const uint8_t* br = g->b + (n0 + j) * g->R + r0;
             for (k = 0; k < kn; k++) bt[k * NB + j] = g->lut[br[k]];
-            sb[j] = (double)g->sb[(n0 + j) * g->nrb + kb];
+            sb[j] = (double)g->sb[kb * g->N + n0 + j];
         }
         block_kern(acc, at, bt, sa, sb, mi, kn);
     }
@@ -163,7 +164,6 @@ int mok_grouped_gemm_fp8_wgrad_blockwise(const uint8_t* a, const float* sa, cons
     g.R = R;
     g.M = M;
     g.N = N;
-    g.nrb = (R + FB - 1) / FB;
     for (e = e_begin; e < e_end; e++) {
         const int64_t lo = offsets[e], hi = offsets[e + 1];
         uint16_t* out_e = out + e * M * N;

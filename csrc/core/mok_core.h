@@ -260,9 +260,10 @@ int mok_grouped_gemm_fp8_blockwise(const uint8_t* a, const float* sa, const uint
 /* FP8 blockwise weight gradient (a K-grouped GEMM: the contraction runs over each expert's rows of
  * the plan's row space), the CPU op and the oracle of the sm_90a kernel. Both operands are
  * column-wise copies (mok_quantize_blockwise_1xb of the transposed tensors, B = 128): a [M, R] and
- * b [N, R] E4M3 codes with fp32 scales sa [M, ceil(R/128)], sb [N, ceil(R/128)] per 1x128 block
- * along R. For expert e with rows [lo, hi) = [offsets[e], offsets[e+1]):
- *   out[e, m, n] = sum_kb sa[m, kb] * sb[n, kb] * sum_{r in [lo, hi) and in block kb} A[m, r] * B[n, r]
+ * b [N, R] E4M3 codes with fp32 scales per 1x128 block along R, stored MN-major (the transposes of
+ * the quantiser's [M, ceil(R/128)] scales, as the kernel reads them: one K-block's scales contiguous):
+ * sa [ceil(R/128), M], sb [ceil(R/128), N]. For expert e with rows [lo, hi) = [offsets[e], offsets[e+1]):
+ *   out[e, m, n] = sum_kb sa[kb, m] * sb[kb, n] * sum_{r in [lo, hi) and in block kb} A[m, r] * B[n, r]
  * Block kb covers rows [128 kb, 128 kb + 128); when offsets are not multiples of 128 a block may
  * straddle two experts, and each expert sums its own rows of it with the block's scales.
  * Arithmetic, in this order (as mok_grouped_gemm_fp8_blockwise):

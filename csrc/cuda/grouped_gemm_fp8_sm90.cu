@@ -151,7 +151,6 @@ extern "C" int mok_grouped_gemm_fp8_wgrad_cuda(const struct mok_grouped_gemm_fp8
     p.M = a->M;
     p.num_m_tiles = a->M / f8::BM;
     p.num_n_tiles = mok_ceil_div(a->N, f8::BN);
-    p.scale_ld = mok_ceil_div(a->R, f8::SCALE_BLOCK);
     p.error_flag = a->error_flag;
     return launch<true>(tma_a, tma_b, tma_out, p, a->E * p.num_m_tiles * p.num_n_tiles, a->num_sms, stream);
 }

@@ -45,10 +45,11 @@ int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args* args, cuda
 /*
  * Weight gradient ("wgrad", a K-grouped GEMM): the contraction runs over each expert's rows of the
  * plan's row space, on column-wise copies of both operands (mok.fp8.quantize_rowcol's qt): a [M, R]
- * and b [N, R] E4M3 codes (R contiguous) with fp32 scales per 1 x 128 block along R, sa [M, ceil(R / 128)]
- * and sb [N, ceil(R / 128)]:
+ * and b [N, R] E4M3 codes (R contiguous) with fp32 scales per 1 x 128 block along R, stored MN-major
+ * (one K-block's scales contiguous, read by one bulk copy per stage): sa [ceil(R / 128), M] and
+ * sb [ceil(R / 128), N]:
  *
- *   out[e, m, n] = sum_{kb = offsets[e] / 128}^{offsets[e + 1] / 128 - 1} sa[m, kb] * sb[n, kb]
+ *   out[e, m, n] = sum_{kb = offsets[e] / 128}^{offsets[e + 1] / 128 - 1} sa[kb, m] * sb[kb, n]
  *                      * sum_{r in block kb} a[m, r] * b[n, r]
  *
  * in bf16 [E, M, N]; an expert without rows gets zeros. The sm_90a kernel needs M % 128 == 0,
@@ -57,9 +58,9 @@ int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args* args, cuda
  */
 struct mok_grouped_gemm_fp8_wgrad_args {
     const void* a;          /* [M, R] e4m3 */
-    const float* sa;        /* [M, ceil(R / 128)] */
+    const float* sa;        /* [ceil(R / 128), M] */
     const void* b;          /* [N, R] e4m3 */
-    const float* sb;        /* [N, ceil(R / 128)] */
+    const float* sb;        /* [ceil(R / 128), N] */
     const int32_t* offsets; /* [E + 1], device */
     int64_t R, E, M, N;
     void* out;              /* [E, M, N] bf16 */

@@ -16,13 +16,14 @@
 // Its weight-gradient form (a K-grouped GEMM; recipe="blockwise" with fp8_wgrad=True calls it for
 // both expert weights' gradients):
 //
-//   grouped_mm_fp8_wgrad(a [M, R] e4m3, a_scales [M, ceil(R/128)] f32, b [N, R] e4m3,
-//                        b_scales [N, ceil(R/128)] f32, offsets [E + 1] i32) -> out [E, M, N] bf16
+//   grouped_mm_fp8_wgrad(a [M, R] e4m3, a_scales [ceil(R/128), M] f32, b [N, R] e4m3,
+//                        b_scales [ceil(R/128), N] f32, offsets [E + 1] i32) -> out [E, M, N] bf16
 //
 //   out[e, m, n] = sum over rows r in [offsets[e], offsets[e + 1]) of deq(a)[m, r] * deq(b)[n, r]
 //
-// with deq(a)[m, r] = e4m3(a[m, r]) * a_scales[m, r / 128]: a and b are column-wise copies (the qt,
-// scales_t of mok.fp8.quantize_rowcol(x, "blockwise_1x128") of x [R, M] and [R, N]). An expert with
+// with deq(a)[m, r] = e4m3(a[m, r]) * a_scales[r / 128, m]: a and b are column-wise copies of x [R, M]
+// and [R, N] with their scales stored MN-major (mok.fp8_gemm.quantize_colwise_blockwise: the qt of
+// mok.fp8.quantize_rowcol(x, "blockwise_1x128") and its scales_t transposed). An expert with
 // no rows gets zeros. CPU: the C core (mok_grouped_gemm_fp8_wgrad_blockwise, any offsets). CUDA: the
 // kWgrad variant of the same sm_90a kernel, which needs M and N multiples of 128, R of 16 and
 // 128-aligned offsets (a misaligned one: the device error word, as above).
@@ -53,13 +54,13 @@ void check_fp8_operand(const at::Tensor& t, int64_t dim, const char* op, const c
 }
 
 void check_scales(const at::Tensor& s, const at::Tensor& ref, at::IntArrayRef want, const char* op, const char* name,
-                  const char* layout, const char* recipe) {
+                  const char* layout, const char* source) {
     check_dim(s, static_cast<int64_t>(want.size()), op, name, layout);
     check_dtype(s, at::kFloat, op, name);
     check_contiguous(s, op, name);
     check_same_device(s, ref, op, name, "a");
-    TORCH_CHECK_VALUE(s.sizes() == want, op, ": ", name, " must have shape ", layout, " = ", want, " (mok.fp8.quantize '",
-                      recipe, "'), got ", shape_str(s));
+    TORCH_CHECK_VALUE(s.sizes() == want, op, ": ", name, " must have shape ", layout, " = ", want, " (", source,
+                      "), got ", shape_str(s));
 }
 
 // The CPU paths read the offsets on the host, so their values can be checked for free (the core
@@ -155,9 +156,9 @@ at::Tensor grouped_mm_fp8(const at::Tensor& a, const at::Tensor& a_scales, const
     check_size(b, 2, K, op, "b", "K, the columns of a");
     TORCH_CHECK_VALUE(K % kBlock == 0, op, ": K (a.shape[1]) must be a multiple of 128 (the FP8 scale block), got ", K);
     TORCH_CHECK_VALUE(N % kBlock == 0, op, ": N (b.shape[1]) must be a multiple of 128 (the FP8 scale block), got ", N);
-    check_scales(a_scales, a, {R, K / kBlock}, op, "a_scales", "[R, K / 128]", "blockwise_1x128");
+    check_scales(a_scales, a, {R, K / kBlock}, op, "a_scales", "[R, K / 128]", "mok.fp8.quantize 'blockwise_1x128'");
     check_scales(b_scales, a, {E, N / kBlock, K / kBlock}, op, "b_scales", "[E, N / 128, K / 128]",
-                 "blockwise_128x128 of b viewed as [E * N, K]");
+                 "mok.fp8.quantize 'blockwise_128x128' of b viewed as [E * N, K]");
     check_index(offsets, a, op, "offsets");
     check_dim(offsets, 1, op, "offsets", "[E + 1]");
     check_size(offsets, 0, E + 1, op, "offsets", "number of experts + 1");
@@ -196,8 +197,11 @@ at::Tensor grouped_mm_fp8_wgrad(const at::Tensor& a, const at::Tensor& a_scales,
     check_same_device(b, a, op, "b", "a");
     const int64_t M = a.size(0), R = a.size(1), N = b.size(0), nrb = (R + kBlock - 1) / kBlock;
     check_size(b, 1, R, op, "b", "R, the columns of a: both operands run over the same rows");
-    check_scales(a_scales, a, {M, nrb}, op, "a_scales", "[M, ceil(R / 128)]", "blockwise_1x128");
-    check_scales(b_scales, a, {N, nrb}, op, "b_scales", "[N, ceil(R / 128)]", "blockwise_1x128");
+    // MN-major: a K-block's scales are contiguous (the kernel reads them with one bulk copy per stage)
+    check_scales(a_scales, a, {nrb, M}, op, "a_scales", "[ceil(R / 128), M]",
+                 "MN-major 1 x 128 scales along R: mok.fp8_gemm.quantize_colwise_blockwise");
+    check_scales(b_scales, a, {nrb, N}, op, "b_scales", "[ceil(R / 128), N]",
+                 "MN-major 1 x 128 scales along R: mok.fp8_gemm.quantize_colwise_blockwise");
     check_index(offsets, a, op, "offsets");
     check_dim(offsets, 1, op, "offsets", "[E + 1]");
     TORCH_CHECK_VALUE(offsets.size(0) >= 1, op, ": offsets must hold E + 1 >= 1 values, got shape ",

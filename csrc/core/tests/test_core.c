@@ -1394,7 +1394,7 @@ static void test_gemm_fp8_args(void) {
 /* ---------------------------------------------------------------- FP8 blockwise weight gradient */
 
 /* The formula of mok_core.h, one element at a time: per expert, per 128-row block, the expert's rows
- * of the block. */
+ * of the block (scales MN-major: [block, m] and [block, n]). */
 static void ref_wgrad_fp8(const uint8_t* a, const float* sa, const uint8_t* b, const float* sb, const int32_t* off,
                           int64_t E, int64_t R, int64_t M, int64_t N, uint16_t* out) {
     const int64_t nrb = (R + 127) / 128;
@@ -1411,7 +1411,7 @@ static void ref_wgrad_fp8(const uint8_t* a, const float* sa, const uint8_t* b, c
                         s += (double)mok_e4m3_to_f32(a[m * R + r]) * (double)mok_e4m3_to_f32(b[n * R + r]);
                         any = 1;
                     }
-                    if (any) acc += s * ((double)sa[m * nrb + kb] * (double)sb[n * nrb + kb]);
+                    if (any) acc += s * ((double)sa[kb * M + m] * (double)sb[kb * N + n]);
                 }
                 out[(e * M + m) * N + n] = mok_f32_to_bf16((float)acc);
             }
@@ -1423,7 +1423,8 @@ static void test_wgrad_fp8_hand(void) {
      * 150-199 outside. Then expert 0 ends at 130 (its rows 128-129 use block 1's scales). */
     enum { R = 200, E = 3, M = 2, N = 1 };
     static uint8_t a[M * R], b[N * R];
-    float sa[M * 2] = {0.5f, 4.0f, 2.0f, 0.25f}, sb[N * 2] = {3.0f, 0.125f};
+    /* MN-major scales [block, m]: m0 has 0.5 (block 0) and 4 (block 1), m1 2 and 0.25 */
+    float sa[2 * M] = {0.5f, 2.0f, 4.0f, 0.25f}, sb[2 * N] = {3.0f, 0.125f};
     int32_t off[E + 1] = {0, 100, 150, 150}, off2[E + 1] = {0, 130, 199, 199};
     uint16_t out[E * M * N];
     int i;
@@ -1529,8 +1530,8 @@ static void test_wgrad_fp8_random(void) {
                     for (n = 0; n < N; n++) {
                         double s = 0.0, mag = 0.0;
                         for (r = off[e]; r < off[e + 1]; r++) {
-                            double p = (double)mok_e4m3_to_f32(a[m * R + r]) * sa[m * nrb + r / 128] *
-                                       (double)mok_e4m3_to_f32(b[n * R + r]) * sb[n * nrb + r / 128];
+                            double p = (double)mok_e4m3_to_f32(a[m * R + r]) * sa[(r / 128) * M + m] *
+                                       (double)mok_e4m3_to_f32(b[n * R + r]) * sb[(r / 128) * N + n];
                             s += p;
                             mag += fabs(p);
                         }

@@ -23,9 +23,11 @@
  *
  *   out[e, m, n] = sum_{kb of expert e's rows} sa[m, kb] * sb[n, kb] * sum_{r in block kb} A[m, r] B[n, r]
  *
- * on the column-wise copies A [M, R] and B [N, R] (1 x 128 scales along R for both): one tile group
- * per expert, its K-blocks those of its 128-aligned rows. B's scale differs per column, so the
- * promotion multiplies per element (sa[row] * sb[col]): twice the forward's CUDA-core work.
+ * on the column-wise copies A [M, R] and B [N, R] (1 x 128 scales along R for both, stored MN-major:
+ * sa [ceil(R / 128), M], sb [ceil(R / 128), N], so a stage's 128 + BN scales are two contiguous runs,
+ * one bulk copy each): one tile group per expert, its K-blocks those of its 128-aligned rows. B's
+ * scale differs per column, so the promotion multiplies per element (sa[row] * sb[col]): twice the
+ * forward's CUDA-core work.
  *
  * v1 limits: plans aligned to 128 rows (a tile never straddles experts; mok's CUDA plans are; a
  * misaligned offset is reported in the error word and nothing is computed); K % 128 == 0 and
@@ -90,12 +92,12 @@ struct params {
     int64_t num_n_tiles, num_kb; /* ceil(N / BN), Kd / 128 */
     int32_t* error_flag; /* host-mapped error word or NULL */
     /* wgrad: out [E, M, N]; the contraction runs over each expert's rows of the R-row space; sa, sb
-     * are [M | N, scale_ld] with scale_ld = ceil(R / 128) */
-    int64_t M, num_m_tiles, scale_ld;
+     * are MN-major, [ceil(R / 128), M] and [ceil(R / 128), N] */
+    int64_t M, num_m_tiles;
 };
 
 /* MOK_SM90_FP8_SKIP_SCALE_LOADS=1: a timing experiment only (WRONG results): the producer loads no
- * per-row (and, wgrad, per-column) scales, to measure what those 128 four-byte copies per stage cost. */
+ * per-row (and, wgrad, per-column) scales, to measure what those copies per stage cost. */
 #ifndef MOK_SM90_FP8_SKIP_SCALE_LOADS
 #define MOK_SM90_FP8_SKIP_SCALE_LOADS 0
 #endif
@@ -348,18 +350,11 @@ __device__ __forceinline__ void wgrad_kblocks(const params& p, int64_t e, int64_
     nkb = (hi - lo) / SCALE_BLOCK;
 }
 
-/* MOK_SM90_FP8_WGRAD_MN_SCALES=1 (experiment, checker only: the op passes [M, R / 128] scales): the
- * weight gradient's scales stored MN-major, sa [ceil(R / 128), M] and sb [ceil(R / 128), N], so a
- * stage's 128 + BN scales are two contiguous runs, one bulk copy each by the TMA thread instead of
- * 256 four-byte cp.async (v19: those cost the kernel ~18%). */
-#ifndef MOK_SM90_FP8_WGRAD_MN_SCALES
-#define MOK_SM90_FP8_WGRAD_MN_SCALES 0
-#endif
-
 __device__ __forceinline__ void produce_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_a,
                                               const CUtensorMap* tma_b) {
-    const int tid = threadIdx.x; /* 0..127 */
-    if (MOK_SM90_FP8_WGRAD_MN_SCALES && tid != 0) return;
+    /* one thread: two tiles by TMA and two runs of scales by bulk copy per stage (the scales are
+     * MN-major; v19: 256 four-byte cp.async per stage cost the kernel 11-16%) */
+    if (threadIdx.x != 0) return;
     uint32_t stage = 0, phase = 0;
     mok_tile_sched sched;
     mok_sched_init(&sched, p.E, p.num_m_tiles, p.num_n_tiles, BM, INT64_MAX);
@@ -368,35 +363,20 @@ __device__ __forceinline__ void produce_wgrad(smem_layout& s, const params& p, c
         int64_t kb0, nkb;
         wgrad_kblocks(p, tile.group, kb0, nkb);
         const int64_t n0 = tile.n_tile * BN;
-        const float* sa_row = p.sa + (tile.m0 + tid) * p.scale_ld; /* M % BM == 0: every row exists */
+        /* a partial last tile (BN > 128 only: N % 128 == 0) copies the scales of its columns below N;
+         * the others stay stale and multiply B rows that TMA zero-filled, in columns never stored */
+        const uint32_t sb_bytes = (uint32_t)((p.N - n0 < BN ? p.N - n0 : BN) * 4);
+        const uint32_t scale_bytes = MOK_SM90_FP8_SKIP_SCALE_LOADS ? 0u : BM * 4 + sb_bytes;
         for (int64_t kb = kb0; kb < kb0 + nkb; ++kb) {
             mbarrier_wait_parity(&s.empty[stage], phase ^ 1);
             const int32_t k0 = (int32_t)(kb * BK);
-            if (MOK_SM90_FP8_WGRAD_MN_SCALES) {
-                mbarrier_arrive_expect_tx(&s.full[stage], STAGE_A_BYTES + STAGE_B_BYTES + (BM + BN) * 4);
-                tma_load_2d(&s.a[stage][0], tma_a, &s.full[stage], k0, (int32_t)tile.m0);
-                tma_load_2d(&s.b[stage][0], tma_b, &s.full[stage], k0, (int32_t)n0);
+            mbarrier_arrive_expect_tx(&s.full[stage], STAGE_A_BYTES + STAGE_B_BYTES + scale_bytes);
+            tma_load_2d(&s.a[stage][0], tma_a, &s.full[stage], k0, (int32_t)tile.m0);
+            tma_load_2d(&s.b[stage][0], tma_b, &s.full[stage], k0, (int32_t)n0);
+            if (!MOK_SM90_FP8_SKIP_SCALE_LOADS) {
                 bulk_load(&s.wsa[phase][stage][0], p.sa + kb * p.M + tile.m0, BM * 4, &s.full[stage]);
-                bulk_load(&s.wsb[phase][stage][0], p.sb + kb * p.N + n0, BN * 4, &s.full[stage]);
-                if (++stage == kStages) {
-                    stage = 0;
-                    phase ^= 1;
-                }
-                continue;
+                bulk_load(&s.wsb[phase][stage][0], p.sb + kb * p.N + n0, sb_bytes, &s.full[stage]);
             }
-            if (tid == 0) {
-                mbarrier_arrive_expect_tx(&s.full[stage], STAGE_A_BYTES + STAGE_B_BYTES);
-                tma_load_2d(&s.a[stage][0], tma_a, &s.full[stage], k0, (int32_t)tile.m0);
-                tma_load_2d(&s.b[stage][0], tma_b, &s.full[stage], k0, (int32_t)n0);
-            }
-            if (!MOK_SM90_FP8_SKIP_SCALE_LOADS) cp_async_4(&s.wsa[phase][stage][tid], sa_row + kb, 4u);
-#pragma unroll
-            for (int c = MOK_SM90_FP8_SKIP_SCALE_LOADS ? BN : tid; c < BN; c += 128) {
-                /* columns past N (a partial last tile): a zero scale, their B rows are zero-filled */
-                const bool col_ok = n0 + c < p.N;
-                cp_async_4(&s.wsb[phase][stage][c], col_ok ? p.sb + (n0 + c) * p.scale_ld + kb : p.sb, col_ok ? 4u : 0u);
-            }
-            cp_async_mbarrier_arrive_noinc(&s.full[stage]);
             if (++stage == kStages) {
                 stage = 0;
                 phase ^= 1;
@@ -484,8 +464,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     smem_layout& s = *reinterpret_cast<smem_layout*>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     if (threadIdx.x == 0) {
         for (int i = 0; i < kStages; ++i) {
-            /* the TMA thread's expect_tx + 128 cp.async arrivals (MN-major wgrad scales: bulk copies) */
-            mbarrier_init(&s.full[i], kWgrad && MOK_SM90_FP8_WGRAD_MN_SCALES ? 1 : 1 + 128);
+            /* the TMA thread's expect_tx, + 128 cp.async arrivals for the forward's row scales (the
+             * weight gradient's scales come by bulk copy, counted in the expect_tx) */
+            mbarrier_init(&s.full[i], kWgrad ? 1 : 1 + 128);
             mbarrier_init(&s.empty[i], 8);
         }
         fence_mbarrier_init();
