@@ -25,6 +25,24 @@ def want_cuda() -> bool:
     return CUDA_HOME is not None and torch.version.cuda is not None
 
 
+def torch_libstdcxx():
+    """The shared libstdc++ this (torch-importing) process has loaded, or None (not Linux).
+
+    Linked explicitly so that the extension uses the same C++ runtime as torch. Some toolchains
+    (seen on the H200 machine: /opt/gcc's g++ 13) link libstdc++.a by default; the extension then
+    carries a private, partly initialised copy of the C++ runtime, and formatting a number in an
+    error message (c10::str of an int64) crashed the process instead of raising."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1]
+                if "/libstdc++.so" in path and os.path.exists(path):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
 def rel(pattern: str) -> list:
     return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern), recursive=True))
 
@@ -35,6 +53,8 @@ TORCH_SOURCES = rel("csrc/torch/*.cpp")
 CUDA_SOURCES = rel("csrc/cuda/**/*.cu")
 
 cxx_flags = ["-O3"] + (["-DMOK_WITH_CUDA"] if USE_CUDA else [])
+LIBSTDCXX = torch_libstdcxx()
+link_flags = [LIBSTDCXX] if LIBSTDCXX else []
 nvcc_flags = [
     "-O3",
     # NOTE: an explicit -gencode stops torch from adding its own arch flags; the sm_90a target is
@@ -69,9 +89,10 @@ if USE_CUDA:
         "mok._C",
         TORCH_SOURCES + CUDA_SOURCES,
         extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
+        extra_link_args=link_flags,
     )
 else:
-    ext = CppExtension("mok._C", TORCH_SOURCES, extra_compile_args={"cxx": cxx_flags})
+    ext = CppExtension("mok._C", TORCH_SOURCES, extra_compile_args={"cxx": cxx_flags}, extra_link_args=link_flags)
 
 setup(
     packages=find_packages(include=["mok", "mok.*"]),

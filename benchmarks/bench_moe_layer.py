@@ -226,6 +226,21 @@ def err_tol(impl: str) -> float:
     return ERR_TOL_FP8 if impl.startswith("mok_fp8") or impl == "mok_mxfp8" else ERR_TOL
 
 
+def impl_table(dev, compiled=False):
+    """The routed-expert functions by --impls name (same signature: x, topk_idx, topk_w, gate_up, down);
+    'compiled' only when asked (it compiles on first use)."""
+    table = {"eager": baselines.grouped_mm_experts, "mok": mok.functional.moe_experts,
+             "mok_fp8": functools.partial(mok.functional.moe_experts, recipe="blockwise"),
+             "mok_fp8_dgrad": functools.partial(mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True),
+             "mok_fp8_all": functools.partial(mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True,
+                                              fp8_wgrad=True),
+             "mok_mxfp8": functools.partial(mok.functional.moe_experts, recipe="mxfp8"),
+             "naive": baselines.naive_experts}
+    if compiled:
+        table["compiled"] = baselines.compiled_grouped_mm_experts(dev.type, torch.bfloat16)
+    return table
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list from {', '.join(SHAPES)}")
@@ -244,15 +259,7 @@ def main(argv=None):
         wanted.remove("naive")
     if "eager" not in wanted:
         wanted.insert(0, "eager")  # the reference for errors and ratios
-    table = {"eager": baselines.grouped_mm_experts, "mok": mok.functional.moe_experts,
-             "mok_fp8": functools.partial(mok.functional.moe_experts, recipe="blockwise"),
-             "mok_fp8_dgrad": functools.partial(mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True),
-             "mok_fp8_all": functools.partial(mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True,
-                                              fp8_wgrad=True),
-             "mok_mxfp8": functools.partial(mok.functional.moe_experts, recipe="mxfp8"),
-             "naive": baselines.naive_experts}
-    if "compiled" in wanted:
-        table["compiled"] = baselines.compiled_grouped_mm_experts(dev.type, torch.bfloat16)
+    table = impl_table(dev, compiled="compiled" in wanted)
     impls = {n: table[n] for n in IMPLS if n in wanted}
     if not baselines.grouped_mm_available(dev.type, torch.bfloat16):
         print("# NOTE: torch._grouped_mm does not run here: 'eager' and 'compiled' are the naive loop\n")

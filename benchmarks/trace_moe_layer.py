@@ -20,8 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-import mok  # noqa: E402
-from benchmarks import baselines, bench_moe_layer, common  # noqa: E402
+from benchmarks import bench_moe_layer, common  # noqa: E402
 
 
 def short_name(name: str, width: int = 70) -> str:
@@ -86,7 +85,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="qwen3_30b_a3b", help=f"comma list from {', '.join(bench_moe_layer.SHAPES)}")
     p.add_argument("--routing", default="balanced", choices=bench_moe_layer.ROUTINGS)
-    p.add_argument("--impls", default="mok,eager", help="comma list from mok, eager")
+    p.add_argument("--impls", default="mok,eager",
+                   help=f"comma list from {', '.join(n for n in bench_moe_layer.IMPLS if n != 'compiled')}")
     p.add_argument("--steps", type=int, default=3, help="profiled fwd+bwd steps (after 3 untimed ones)")
     p.add_argument("--top", type=int, default=25, help="kernels listed per run")
     p.add_argument("--device", default=None)
@@ -94,7 +94,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     dev = common.pick_device(args.device)
     common.print_environment(common.environment(dev))
-    table = {"mok": mok.functional.moe_experts, "eager": baselines.grouped_mm_experts}
+    table = bench_moe_layer.impl_table(dev)
     shapes = list(bench_moe_layer.QUICK_SHAPES)[:1] if args.quick else args.shapes.split(",")
     for cfg in bench_moe_layer.get_configs(shapes, [args.routing], args.quick):
         inputs, dy = bench_moe_layer.make_inputs(cfg, dev)

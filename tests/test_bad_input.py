@@ -1,4 +1,11 @@
 """Every kind of bad input raises ValueError (or RuntimeError) naming the argument."""
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -103,3 +110,32 @@ def test_router_and_layer_arguments():
         mok.MoE(16, 8, 4, 2)(torch.randn(3, 12))
     with pytest.raises(ValueError, match="score_func"):
         mok.functional.route_topk(torch.randn(3, 4), 2, score_func="tanh")
+
+
+# ---------------------------------------------------------------- the C++ runtime of the extension
+
+
+def _needed_libraries(path):
+    out = subprocess.run(["readelf", "-d", path], capture_output=True, text=True, check=True).stdout
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("readelf") is None,
+                    reason="needs Linux and readelf")
+def test_extension_links_the_shared_cxx_runtime():
+    # A toolchain that links libstdc++.a (the H200 machine's /opt/gcc g++) gave the extension a private,
+    # partly initialised copy of the C++ runtime: an error message that formats a number crashed the
+    # process (segmentation fault) instead of raising. setup.py links torch's libstdc++.so explicitly.
+    so = glob.glob(os.path.join(os.path.dirname(mok.__file__), "_C*.so"))
+    assert so, "no mok/_C*.so next to the package"
+    assert any(lib.startswith("libstdc++.so") for lib in _needed_libraries(so[0])), _needed_libraries(so[0])
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_an_error_that_formats_numbers_raises(device):
+    # K = 100 is printed as a number (the crash above happened exactly here)
+    e4m3 = torch.float8_e4m3fn
+    a, b = torch.zeros(256, 100, device=device).to(e4m3), torch.zeros(2, 128, 100, device=device).to(e4m3)
+    offsets = torch.tensor([0, 128, 256], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match=r"K \(a.shape\[1\]\) must be a multiple of 128 .*got 100"):
+        ops.grouped_mm_fp8(a, torch.ones(256, 1, device=device), b, torch.ones(2, 1, 1, device=device), offsets)
