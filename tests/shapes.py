@@ -86,3 +86,42 @@ def rel_err(out, ref):
     if denom == 0:
         return float(out.norm())
     return float((out - ref).norm() / denom)
+
+
+
+def topk_w_grad_of_rows(experts, g, x, idx, gate_up, down):
+    """float64 [T, K] d_topk_w[t, k] = <g_t, rows_t,k>, with rows_t,k the expert outputs that
+    `experts` (an MoE experts function: x, idx, w, gate_up, down -> y) itself computes for pair
+    (t, k), taken one k at a time with weight 1.
+
+    The reference for the topk_w gradient of an FP8 or MXFP8 recipe. Comparing it with a float64
+    emulation is ill-conditioned: each entry is a dot product over H that can cancel, and the
+    emulation's act can land in another E4M3 code or block scale than the kernel's (its h is
+    rounded to bf16 after another fp32 summation order), which moves rows by an E4M3 step; with
+    T = 1 that one event is the whole gradient (5-15% seen on the H200). The rows themselves are
+    checked against the emulation through y; per row the recipes quantise and sum the same way
+    whatever the other rows, so a K = 1 call gives the rows of the K-way call bit for bit."""
+    T, K = idx.shape
+    ones = torch.ones(T, 1, dtype=torch.float32, device=x.device)
+    g64 = g.detach().double().cpu()
+    with torch.no_grad():
+        cols = [(experts(x.detach(), idx[:, k:k + 1].contiguous(), ones, gate_up.detach(), down.detach())
+                 .double().cpu() * g64).sum(dim=1) for k in range(K)]
+    return torch.stack(cols, dim=1) if cols else torch.zeros(T, 0, dtype=torch.float64)
+
+
+def topk_w_err(got, ref, g, x, idx, gate_up, down):
+    """||got - ref|| of a topk_w gradient measured against its Cauchy-Schwarz scale
+    sqrt(sum_t,k (||g_t|| ||rows_t,k||)^2), rows in float64 BF16 math: a dot product that cancels
+    does not inflate the error, and a wrong row or expert still errs by ~1/sqrt(H)."""
+    from mok import reference
+
+    x64, gu64, dn64 = (t.detach().double().cpu() for t in (x, gate_up, down))
+    idx = idx.detach().cpu()
+    T, K = idx.shape
+    ones = torch.ones(T, 1, dtype=torch.float64)
+    rows_norm = torch.stack([reference.moe_experts(x64, idx[:, k:k + 1], ones, gu64, dn64).norm(dim=1)
+                             for k in range(K)], dim=1)
+    scale = (g.detach().double().cpu().norm(dim=1)[:, None] * rows_norm).norm()
+    diff = (got.detach().double().cpu() - ref.detach().double().cpu()).norm()
+    return float(diff / scale) if scale > 0 else float(diff)
