@@ -438,11 +438,13 @@ def test_wgrad_is_the_weight_gradient_up_to_fp8_rounding(_fresh_seed):
     offsets = torch.tensor([0, 150, 150, 400], dtype=torch.int32)
     d_out, rows = torch.randn(R, N).bfloat16(), torch.randn(R, K).bfloat16()
     g = mok.fp8_gemm.quantize_colwise_blockwise(d_out)
-    x = mok.fp8.quantize_rowcol(rows, "blockwise_1x128")  # the rowcol form gives the same operand
-    d_w = mok.fp8_gemm.grouped_mm_wgrad_blockwise(*g, *mok.fp8_gemm.colwise_operand(x), offsets)
+    x = mok.fp8_gemm.quantize_colwise_blockwise(rows)
+    # the operand is the quantisation of the transposed tensor, its scales transposed (MN-major)
+    x_q, x_s = mok.fp8.quantize(rows.t().contiguous(), "blockwise_1x128")
+    assert torch.equal(x[0].view(torch.uint8), x_q.view(torch.uint8)) and torch.equal(x[1], x_s.t())
+    assert x[1].is_contiguous() and x[1].shape == (-(-R // 128), K)
+    d_w = mok.fp8_gemm.grouped_mm_wgrad_blockwise(*g, *x, offsets)
     assert d_w.shape == (E, N, K)
-    assert torch.equal(d_w.view(torch.int16), mok.fp8_gemm.grouped_mm_wgrad_blockwise(
-        *g, *mok.fp8_gemm.quantize_colwise_blockwise(rows), offsets).view(torch.int16))
     want = reference.grouped_mm_wgrad(d_out.double(), rows.double(), offsets)
     assert 1e-2 < rel_err(d_w, want) < 0.08, f"seed {_fresh_seed}"
 
