@@ -10,6 +10,11 @@ tolerance; 'vs mok' is mok's BF16 fwd+bwd time over the row's.
     python benchmarks/bench_moe_layer.py                       # every shape, balanced and skewed routing
     python benchmarks/bench_moe_layer.py --shapes qwen3_30b_a3b --routing balanced --iters 50
     python benchmarks/bench_moe_layer.py --quick               # tiny shapes, CPU smoke test
+    python benchmarks/bench_moe_layer.py --rounds 3            # fwd+bwd timed 3 times, interleaved
+
+The H200 runs these layers at its power limit, and its clock drifts within a run (RESULTS v8, v10):
+one sweep's ratio can move by 5-10% between runs. --rounds R repeats the fwd+bwd timing of every
+impl R times in turn and reports the median and the range of the per-round ratios to eager.
 
 bf16 activations and weights, fp32 routing weights. Times are medians of CUDA-event timings after
 warm-up, with a 256 MB L2 flush between timed calls. fwd is a forward with autograd recording (as in
@@ -20,6 +25,7 @@ import argparse
 import functools
 import math
 import os
+import statistics
 import sys
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional
@@ -80,6 +86,10 @@ class Result:
     err_y: float  # ||y - y_eager|| / ||y_eager||
     err_grad: float  # max over x, topk_w, gate_up_proj, down_proj of the same for the gradient
     note: str = ""
+    # --rounds R > 1: fwd_bwd_ms is the median over R interleaved rounds; the smallest and largest
+    # per-round 'vs eager' ratios (each round times every impl once, in order)
+    speedup_lo: float = math.nan
+    speedup_hi: float = math.nan
 
 
 def get_configs(shapes: List[str], routings: List[str], quick: bool) -> List[Config]:
@@ -127,17 +137,26 @@ def expert_load(idx: torch.Tensor, E: int) -> str:
     return f"tokens/expert min {counts.min().item():.0f} mean {counts.mean().item():.0f} max {counts.max().item():.0f}"
 
 
-def measure(cfg: Config, name: str, fn: Callable, inputs, dy, args, ref: Optional[Dict]) -> Dict:
-    """Times one implementation; returns the Result fields (no ratios yet) and its outputs."""
+def step_fns(fn: Callable, inputs, dy):
+    """(fwd, fwd_bwd) of one implementation on the inputs, as common.bench takes them."""
     x, idx, w, gate_up, down = inputs
     params = [x, w, gate_up, down]
-    dev = x.device
 
     def fwd(_i=0):
         return fn(x, idx, w, gate_up, down)
 
     def fwd_bwd(_i=0):
         return torch.autograd.grad(fwd(), params, dy)
+
+    return fwd, fwd_bwd
+
+
+def measure(cfg: Config, name: str, fn: Callable, inputs, dy, args, ref: Optional[Dict]) -> Dict:
+    """Times one implementation; returns the Result fields (no ratios yet) and its outputs."""
+    x, idx, w, gate_up, down = inputs
+    params = [x, w, gate_up, down]
+    dev = x.device
+    fwd, fwd_bwd = step_fns(fn, inputs, dy)
 
     flops = common.moe_fwd_flops(cfg.T, cfg.H, cfg.I, cfg.K)
     row = dict(shape=cfg.shape, routing=cfg.routing, impl=name, fwd_ms=math.nan, bwd_ms=math.nan,
@@ -190,6 +209,8 @@ def run(cfg: Config, impls: Dict[str, Callable], args) -> List[Result]:
         print(f"   {name:9s} fwd {fwd_ms:9.3f} ms  fwd+bwd {fb_ms:9.3f} ms  {tf:7.1f} TFLOP/s  {row.get('note', '')}",
               flush=True)
         del out
+    if args.rounds > 1:
+        more_rounds(rows, impls, inputs, dy, args, dev)
     base = next((r.get("fwd_bwd_ms") for r in rows if r["impl"] == "eager"), None)
     base_mok = next((r.get("fwd_bwd_ms") for r in rows if r["impl"] == "mok"), None)
     results = []
@@ -213,11 +234,35 @@ def run(cfg: Config, impls: Dict[str, Callable], args) -> List[Result]:
     return results
 
 
+def more_rounds(rows: List[Dict], impls: Dict[str, Callable], inputs, dy, args, dev) -> None:
+    """Rounds 2..R of fwd+bwd timings, every timed impl once per round in the same order (the board's
+    power state drifts within a run: interleaving gives each impl the same share of it). Sets each
+    row's fwd_bwd_ms to the median over the rounds (bwd_ms and tflops follow) and the range of its
+    per-round ratio to eager."""
+    timed = [r for r in rows if r["impl"] != "naive" and not math.isnan(r.get("fwd_bwd_ms", math.nan))]
+    per_round = {r["impl"]: [r["fwd_bwd_ms"]] for r in timed}
+    for _ in range(args.rounds - 1):
+        for r in timed:
+            _fwd, fwd_bwd = step_fns(impls[r["impl"]], inputs, dy)
+            per_round[r["impl"]].append(common.bench(fwd_bwd, dev, iters=args.iters, warmup=args.warmup,
+                                                     flush_l2=args.flush_l2)["median_ms"])
+    eager = per_round.get("eager")
+    for r in timed:
+        ms = per_round[r["impl"]]
+        r["fwd_bwd_ms"] = statistics.median(ms)
+        r["bwd_ms"] = r["fwd_bwd_ms"] - r["fwd_ms"]
+        r["tflops"] = r["tflops"] * ms[0] / r["fwd_bwd_ms"]
+        if eager:
+            ratios = [e / t for e, t in zip(eager, ms)]
+            r["speedup_lo"], r["speedup_hi"] = min(ratios), max(ratios)
+        print(f"   {r['impl']:9s} fwd+bwd per round: " + ", ".join(f"{t:.3f}" for t in ms) + " ms", flush=True)
+
+
 COLUMNS = [
     ("shape", "shape", ""), ("routing", "routing", ""), ("impl", "impl", ""),
     ("fwd_ms", "fwd ms", ".3f"), ("bwd_ms", "bwd ms", ".3f"), ("fwd_bwd_ms", "fwd+bwd ms", ".3f"),
     ("tflops", "TFLOP/s", ".1f"), ("peak_gib", "peak GiB", ".2f"), ("speedup", "vs eager", ".2f"),
-    ("vs_mok", "vs mok", ".2f"),
+    ("speedup_lo", "lo", ".2f"), ("speedup_hi", "hi", ".2f"), ("vs_mok", "vs mok", ".2f"),
     ("err_y", "err y", ".1e"), ("err_grad", "err grad", ".1e"), ("note", "note", ""),
 ]
 
@@ -249,6 +294,9 @@ def main(argv=None):
     p.add_argument("--naive", choices=("auto", "on", "off"), default="auto",
                    help=f"auto: time the naive loop only where one fwd+bwd takes < {NAIVE_MAX_S:g} s")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every impl's fwd+bwd this many times, interleaved; report the median and the "
+                        "range of the per-round 'vs eager' ratios (columns lo, hi)")
     common.add_common_args(p, "bench_moe_layer")
     args = p.parse_args(argv)
     dev, env = common.start_run(args)
@@ -270,7 +318,8 @@ def main(argv=None):
     print("\n" + common.format_table(rows, COLUMNS))
     notes = [f"fwd+bwd FLOPs = 3 x (2*T*K*H*2I + 2*T*K*I*H); 'vs eager' = eager fwd+bwd ms / impl fwd+bwd ms; "
              f"'err y' = ||y - y_eager|| / ||y_eager|| (tolerance {ERR_TOL:g}, FP8 rows {ERR_TOL_FP8:g}); peak GiB above inputs and weights; "
-             f"L2 flush between timed calls: {args.flush_l2}; iters {args.iters}, warm-up {args.warmup}."]
+             f"L2 flush between timed calls: {args.flush_l2}; iters {args.iters}, warm-up {args.warmup}; "
+             f"rounds {args.rounds} (fwd+bwd: median over the rounds; lo / hi: the per-round 'vs eager' range)."]
     common.write_results(args.out, env, rows, COLUMNS, "MoE experts layer, fwd / bwd", notes)
     bad = [r for r in results if r.impl != "eager" and not math.isnan(r.err_y)
            and not (r.err_y < err_tol(r.impl) and r.err_grad < err_tol(r.impl))]

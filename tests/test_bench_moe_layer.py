@@ -24,3 +24,19 @@ def test_layer_benchmark_quick_run_checks_every_impl(tmp_path):
         assert r["fwd_bwd_ms"] > 0 and not r["note"], (name, r)
     assert rows["mok"]["err_y"] < 2e-2 and 1e-2 < rows["mok_fp8"]["err_y"] < 0.12  # FP8 really quantised
     assert 1e-3 < rows["mok_mxfp8"]["err_y"] < 0.12  # MXFP8-rounded operands: not the BF16 result
+
+
+def test_layer_benchmark_rounds_report_a_median_and_its_range(tmp_path):
+    out = tmp_path / "layer_rounds.json"
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_moe_layer.py"), "--quick",
+                          "--shapes", "tiny", "--routing", "balanced", "--impls", "eager,mok", "--naive", "off",
+                          "--iters", "1", "--warmup", "0", "--rounds", "2", "--device", "cpu", "--out", str(out)],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert run.stdout.count("fwd+bwd per round") == 2
+    rows = {r["impl"]: r for r in json.loads(out.read_text())["results"]}
+    mok_row = rows["mok"]
+    # two rounds: the ratio of the medians (means) lies between the two rounds' ratios
+    assert mok_row["speedup_lo"] <= mok_row["speedup"] * (1 + 1e-9)
+    assert mok_row["speedup"] <= mok_row["speedup_hi"] * (1 + 1e-9)
+    assert rows["eager"]["speedup_lo"] == rows["eager"]["speedup_hi"] == 1.0
