@@ -70,10 +70,11 @@ class Result:
     note: str = ""
 
 
-def get_configs(shapes: List[str], gemms: List[str], quick: bool, passes=("fwd",)) -> List[Config]:
-    table = QUICK_SHAPES if quick else SHAPES
+def get_configs(shapes: List[str], gemms: List[str], quick: bool, passes=("fwd",),
+                quick_shapes=QUICK_SHAPES) -> List[Config]:
+    table = quick_shapes if quick else SHAPES
     if quick and shapes == list(SHAPES):
-        shapes = list(QUICK_SHAPES)
+        shapes = list(quick_shapes)
     out = []
     for s in shapes:
         if s not in table:

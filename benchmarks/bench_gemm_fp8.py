@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import mok  # noqa: E402
-from benchmarks import common  # noqa: E402
-from benchmarks.bench_gemm import GEMMS, PASSES, Config, make_problem, real_rows  # noqa: E402
+from benchmarks import bench_gemm, common  # noqa: E402
+from benchmarks.bench_gemm import GEMMS, Config, make_problem, real_rows  # noqa: E402
 from benchmarks.bench_moe_layer import SHAPES  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
@@ -42,25 +42,11 @@ QUICK_SHAPES = {"tiny_fp8": (64, 256, 128, 4, 2), "tiny_fp8_e3": (48, 128, 256, 
 
 
 def get_configs(shapes: List[str], gemms: List[str], quick: bool, passes) -> List[Config]:
-    table = QUICK_SHAPES if quick else SHAPES
-    if quick and shapes == list(SHAPES):
-        shapes = list(QUICK_SHAPES)
-    out = []
-    for s in shapes:
-        if s not in table:
-            raise SystemExit(f"unknown shape {s!r}; choose from {', '.join(table)}")
-        T, H, I, E, K = table[s]
-        if H % 128 or I % 128:
-            raise SystemExit(f"shape {s!r}: FP8 blockwise needs H and I multiples of 128, got {H}, {I}")
-        for g in gemms:
-            if g not in GEMMS:
-                raise SystemExit(f"unknown gemm {g!r}; choose from {', '.join(GEMMS)}")
-            N, Kd = (2 * I, H) if g == "gemm1" else (H, I)
-            for ps in passes:
-                if ps not in PASSES:
-                    raise SystemExit(f"unknown pass {ps!r}; choose from {', '.join(PASSES)}")
-                out.append(Config(s, g, T, E, K, N, Kd, ps))
-    return out
+    configs = bench_gemm.get_configs(shapes, gemms, quick, passes, quick_shapes=QUICK_SHAPES)
+    for c in configs:
+        if c.N % 128 or c.K % 128:
+            raise SystemExit(f"shape {c.shape!r}: FP8 blockwise needs H and I multiples of 128 (whole scale blocks)")
+    return configs
 
 
 def rowwise_fp8(x):
