@@ -196,14 +196,19 @@ COLUMNS = [
 ]
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv, doc: str, script: str):
+    """The command line of the GEMM benchmarks (this one and bench_gemm_fp8.py)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list from {', '.join(SHAPES)}")
     p.add_argument("--gemms", default=",".join(GEMMS), help="comma list from gemm1, gemm2")
     p.add_argument("--passes", default="fwd", help="comma list from fwd, dgrad, wgrad")
     p.add_argument("--seed", type=int, default=0)
-    common.add_common_args(p, "bench_gemm", iters=50, warmup=10)
-    args = p.parse_args(argv)
+    common.add_common_args(p, script, iters=50, warmup=10)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv, __doc__, "bench_gemm")
     dev, env = common.start_run(args)
     results: List[Result] = []
     for cfg in get_configs(args.shapes.split(","), args.gemms.split(","), args.quick, args.passes.split(",")):

@@ -19,7 +19,6 @@ GEMMs alone are timed). Routing is exactly balanced, as in bench_gemm.py; FLOPs 
 over the T*K real rows. 'err' is each output against mok's BF16 GEMM on the unquantised bf16 inputs
 (E4M3 rounding of both operands: ~3-6%; a wrong scale or expert gives ~1); the run fails when a
 mok row is above ERR_TOL. Times are medians of CUDA-event timings with a 256 MB L2 flush between calls."""
-import argparse
 import math
 import os
 import sys
@@ -31,8 +30,7 @@ import torch  # noqa: E402
 
 import mok  # noqa: E402
 from benchmarks import bench_gemm, common  # noqa: E402
-from benchmarks.bench_gemm import GEMMS, Config, make_problem, real_rows  # noqa: E402
-from benchmarks.bench_moe_layer import SHAPES  # noqa: E402
+from benchmarks.bench_gemm import Config, make_problem, real_rows  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
@@ -156,13 +154,7 @@ COLUMNS = [
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list from {', '.join(SHAPES)}")
-    p.add_argument("--gemms", default=",".join(GEMMS), help="comma list from gemm1, gemm2")
-    p.add_argument("--passes", default="fwd", help="comma list from fwd, dgrad, wgrad")
-    p.add_argument("--seed", type=int, default=0)
-    common.add_common_args(p, "bench_gemm_fp8", iters=50, warmup=10)
-    args = p.parse_args(argv)
+    args = bench_gemm.parse_args(argv, __doc__, "bench_gemm_fp8")
     dev, env = common.start_run(args)
     rows: List[Dict] = []
     for cfg in get_configs(args.shapes.split(","), args.gemms.split(","), args.quick, args.passes.split(",")):

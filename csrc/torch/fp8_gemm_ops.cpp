@@ -74,6 +74,27 @@ void check_offsets_order(const int32_t* offp, int64_t E, const char* op) {
     }
 }
 
+// The raw pointers of the C core's FP8 GEMMs (forward and weight gradient), after the host-side check
+// of the offsets' order.
+struct CpuOperands {
+    const uint8_t* a;
+    const float* sa;
+    const uint8_t* b;
+    const float* sb;
+    const int32_t* off;
+    uint16_t* out;
+};
+
+CpuOperands cpu_operands(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
+                         const at::Tensor& b_scales, const at::Tensor& offsets, at::Tensor& out, int64_t E,
+                         const char* op) {
+    CpuOperands c{static_cast<const uint8_t*>(a.data_ptr()), a_scales.data_ptr<float>(),
+                  static_cast<const uint8_t*>(b.data_ptr()), b_scales.data_ptr<float>(), offsets.data_ptr<int32_t>(),
+                  reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>())};
+    check_offsets_order(c.off, E, op);
+    return c;
+}
+
 #ifdef MOK_WITH_CUDA
 void check_aligned(const at::Tensor& t, const char* op, const char* name) {
     TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, ": ", name,
@@ -173,18 +194,12 @@ at::Tensor grouped_mm_fp8(const at::Tensor& a, const at::Tensor& a_scales, const
         return out;
     }
 #endif
-    const auto* ap = static_cast<const uint8_t*>(a.data_ptr());
-    const auto* bp = static_cast<const uint8_t*>(b.data_ptr());
-    const float* sap = a_scales.data_ptr<float>();
-    const float* sbp = b_scales.data_ptr<float>();
-    const int32_t* offp = offsets.data_ptr<int32_t>();
-    auto* outp = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-    check_offsets_order(offp, E, op);
+    const CpuOperands c = cpu_operands(a, a_scales, b, b_scales, offsets, out, E, op);
     // Rows are independent and each element's arithmetic does not depend on the split: the result is
     // the same for any thread count. About 1M multiply-adds per task.
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, N * K));
     at::parallel_for(0, R, grain, [&](int64_t r0, int64_t r1) {
-        check_status(mok_grouped_gemm_fp8_blockwise(ap, sap, bp, sbp, offp, E, N, K, r0, r1, outp), op);
+        check_status(mok_grouped_gemm_fp8_blockwise(c.a, c.sa, c.b, c.sb, c.off, E, N, K, r0, r1, c.out), op);
     });
     return out;
 }
@@ -220,21 +235,15 @@ at::Tensor grouped_mm_fp8_wgrad(const at::Tensor& a, const at::Tensor& a_scales,
         return out;
     }
 #endif
-    const auto* ap = static_cast<const uint8_t*>(a.data_ptr());
-    const auto* bp = static_cast<const uint8_t*>(b.data_ptr());
-    const float* sap = a_scales.data_ptr<float>();
-    const float* sbp = b_scales.data_ptr<float>();
-    const int32_t* offp = offsets.data_ptr<int32_t>();
-    auto* outp = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-    check_offsets_order(offp, E, op);
-    TORCH_CHECK_VALUE(offp[E] <= R, op, ": offsets[E] must be at most R = ", R,
-                      " (a.shape[1], the rows the operands hold), got ", offp[E]);
+    const CpuOperands c = cpu_operands(a, a_scales, b, b_scales, offsets, out, E, op);
+    TORCH_CHECK_VALUE(c.off[E] <= R, op, ": offsets[E] must be at most R = ", R,
+                      " (a.shape[1], the rows the operands hold), got ", c.off[E]);
     // Experts are independent and each element's arithmetic does not depend on the split: the result
     // is the same for any thread count. About 1M multiply-adds per task.
-    const int64_t work = std::max<int64_t>(1, M * N * (static_cast<int64_t>(offp[E]) - offp[0]) / E);
+    const int64_t work = std::max<int64_t>(1, M * N * (static_cast<int64_t>(c.off[E]) - c.off[0]) / E);
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 20) / work);
     at::parallel_for(0, E, grain, [&](int64_t e0, int64_t e1) {
-        check_status(mok_grouped_gemm_fp8_wgrad_blockwise(ap, sap, bp, sbp, offp, E, R, M, N, e0, e1, outp), op);
+        check_status(mok_grouped_gemm_fp8_wgrad_blockwise(c.a, c.sa, c.b, c.sb, c.off, E, R, M, N, e0, e1, c.out), op);
     });
     return out;
 }
