@@ -206,7 +206,7 @@ def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj, fp8_dgrad
     x = x.contiguous()
     # the FP8 GEMM reads rows of A by TMA: one gathered copy of the token rows (also the BF16 weight
     # gradient's operand)
-    x_rows = ops.gather_rows(x.detach(), plan.src_of_row, None, top_k)
+    x_rows = ops.gather_rows(x.detach(), plan.src_of_row, None, top_k, plan.row_of)
     w1_q, w1_s = cached_expert_weight(gate_up_proj)
     w2_q, w2_s = cached_expert_weight(down_proj)
     w1t_q = w1t_s = w2t_q = w2t_s = None

@@ -97,7 +97,7 @@ class _MxGateUp(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, gate_up, src_of_row, row_of, top_k, offsets, w_rows, w_cols, need_w):
-        x_rows = ops.gather_rows(x, src_of_row, None, top_k)
+        x_rows = ops.gather_rows(x, src_of_row, None, top_k, row_of)
         # the column-wise copy of x_rows is the weight gradient's operand: made now, from the same read
         x_r, x_c = ops.qdq_mxfp8(x_rows, offsets, True, need_w)
         del x_rows

@@ -62,7 +62,7 @@ def _moe_plan_fake(topk_idx, num_experts, tile, skip_invalid):
 
 
 @torch.library.register_fake("mok::gather_rows")
-def _gather_rows_fake(x, src_of_row, w, top_k):
+def _gather_rows_fake(x, src_of_row, w, top_k, row_of=None):
     return x.new_empty((src_of_row.shape[0], x.shape[1]))
 
 

@@ -189,7 +189,7 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
         # Training: one gathered copy of the token rows, read by GEMM1 as plain TMA rows and kept
         # for gate_up_proj's weight gradient, which would otherwise gather x again. (Gathering
         # on load in GEMM1 costs more than this copy: docs/performance-log.md, v11.)
-        x_rows = ops.gather_rows(x.detach(), plan.src_of_row, None, K)
+        x_rows = ops.gather_rows(x.detach(), plan.src_of_row, None, K, plan.row_of)
     # Two autograd nodes over the fused GEMM1 + SwiGLU kernel, so that h and d_act are freed before
     # GEMM1's backward (peak memory: mok/_gate_up.py).
     act = gate_up_swiglu(x, plan.src_of_row, plan.row_of, K, gate_up_proj, plan.offsets, x_rows)

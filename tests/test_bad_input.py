@@ -78,6 +78,11 @@ def test_device_mismatch_is_named():
     (lambda: ops.combine(torch.randn(8, 3), torch.zeros(2, 2, dtype=torch.int32), torch.zeros(7, dtype=torch.int32),
                          None), r"src_of_row"),
     (lambda: ops.swiglu(torch.randn(3, 5)), r"\bh\b.*even"),
+    # row_of (gather_rows' inverse-map hint) must be [T, top_k] int32
+    (lambda: ops.gather_rows(torch.randn(4, 8), torch.zeros(8, dtype=torch.int32), None, 2,
+                             torch.zeros(4, 3, dtype=torch.int32)), r"row_of"),
+    (lambda: ops.gather_rows(torch.randn(4, 8), torch.zeros(8, dtype=torch.int32), None, 2,
+                             torch.zeros(4, 2, dtype=torch.int64)), r"row_of must be Int"),
     (lambda: ops.route_topk(torch.randn(3, 4).half(), None, 2, 0, 1, 1, True, 1.0), r"logits.*float32"),
     (lambda: ops.route_topk(torch.randn(3, 4), None, 5, 0, 1, 1, True, 1.0), r"top_k"),
     (lambda: ops.route_topk(torch.randn(3, 6), None, 2, 0, 4, 1, True, 1.0), r"n_group"),

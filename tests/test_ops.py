@@ -119,6 +119,26 @@ def test_combine_gather_and_weight_grad(device, dtype, case):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES + [MoECase(0, 32, 16, 8, 4)], ids=str)  # + no tokens at K = 4
+@pytest.mark.parametrize("weighted", [False, True], ids=["copy", "weighted"])
+def test_gather_rows_by_token_is_bitwise_the_per_row_gather(device, case, weighted):
+    # row_of only changes how the CUDA kernel walks (by token, x read once); the rows must be the
+    # same bits, also when row_of disagrees with src_of_row (the rows it misses are copied per row)
+    _, plan, _ = plan_for(case, device)
+    H = 8 * max(1, -(-case.H // 8))  # bf16 rows of 16-byte vectors take the token walk
+    x = torch.randn(case.T, H, device=device).to(torch.bfloat16)
+    w = torch.rand(case.T, case.K, device=device) if weighted else None
+    per_row = ops.gather_rows(x, plan.src_of_row, w, case.K)
+    assert torch.equal(ops.gather_rows(x, plan.src_of_row, w, case.K, plan.row_of), per_row)
+    R = plan.src_of_row.shape[0]
+    wrong = plan.row_of.flatten().roll(1)
+    if wrong.numel() > 2:
+        wrong[0], wrong[1] = -1, R + 5
+    wrong = wrong.reshape(plan.row_of.shape).contiguous()
+    assert torch.equal(ops.gather_rows(x, plan.src_of_row, w, case.K, wrong), per_row)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_swiglu_forward_backward(device, dtype):
     h = torch.randn(77, 2 * 45, dtype=torch.float64)

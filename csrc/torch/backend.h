@@ -17,7 +17,7 @@ namespace mok {
                   at::Tensor& counts, at::Tensor& offsets, at::Tensor& row_of, at::Tensor& src_of_row,               \
                   at::Tensor& num_skipped);                                                                           \
     void gather_rows(const at::Tensor& x, const at::Tensor& src_of_row, const c10::optional<at::Tensor>& w,           \
-                     int64_t top_k, at::Tensor& out);                                                                 \
+                     int64_t top_k, const c10::optional<at::Tensor>& row_of, at::Tensor& out);                        \
     void combine(const at::Tensor& rows, const at::Tensor& row_of, const c10::optional<at::Tensor>& w,                \
                  at::Tensor& y);                                                                                      \
     void combine_weight_grad(const at::Tensor& dy, const at::Tensor& rows, const at::Tensor& row_of, at::Tensor& d_w); \

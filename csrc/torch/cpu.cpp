@@ -57,8 +57,9 @@ void moe_plan(const at::Tensor& topk_idx, int64_t num_experts, int64_t tile, boo
     check_status(st, "mok.moe_plan");
 }
 
+// row_of (the inverse map) only speeds up the CUDA kernel; the result does not depend on it.
 void gather_rows(const at::Tensor& x, const at::Tensor& src_of_row, const c10::optional<at::Tensor>& w,
-                 int64_t top_k, at::Tensor& out) {
+                 int64_t top_k, const c10::optional<at::Tensor>& /*row_of*/, at::Tensor& out) {
     const mok_dtype dt = to_mok_dtype(x, "mok.gather_rows", "x");
     const int64_t R = out.size(0), H = x.size(1);
     at::parallel_for(0, R, grain(H), [&](int64_t r0, int64_t r1) {

@@ -111,7 +111,7 @@ void moe_plan(const at::Tensor& topk_idx, int64_t num_experts, int64_t tile, boo
 }
 
 void gather_rows(const at::Tensor& x, const at::Tensor& src_of_row, const c10::optional<at::Tensor>& w,
-                 int64_t top_k, at::Tensor& out) {
+                 int64_t top_k, const c10::optional<at::Tensor>& row_of, at::Tensor& out) {
     c10::cuda::CUDAGuard guard(x.device());
     mok_gather_rows_args a{};
     a.x = x.data_ptr();
@@ -123,6 +123,7 @@ void gather_rows(const at::Tensor& x, const at::Tensor& src_of_row, const c10::o
     a.src_of_row = src_of_row.data_ptr<int32_t>();
     a.w = opt_ptr(w);
     a.out = out.data_ptr();
+    a.row_of = row_of.has_value() ? row_of->data_ptr<int32_t>() : nullptr;
     check_status(mok_gather_rows_cuda(&a, stream_of(x)), "mok.gather_rows");
 }
 
@@ -216,7 +217,7 @@ void grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optio
         at::Tensor rows = b;
         if (b_gather.has_value()) {
             rows = at::empty({R, N}, b.options());
-            gather_rows(b, *b_gather, c10::nullopt, b_gather_div, rows);
+            gather_rows(b, *b_gather, c10::nullopt, b_gather_div, c10::nullopt, rows);
         }
         check_status(mok_grouped_gemm_wgrad_sm90(a.data_ptr(), rows.data_ptr(), offsets.data_ptr<int32_t>(), R, E, M,
                                                  N, out.data_ptr(), num_sms(a), stream_of(a)),

@@ -135,8 +135,11 @@ void check_weights(const c10::optional<at::Tensor>& w, const at::Tensor& data, i
     check_size(*w, 1, K, op, "w", "top_k");
 }
 
+// row_of, when given, is the plan's inverse map [T, top_k]: a speed hint (the CUDA kernel may walk
+// the tokens and read x once: plain bf16 copies with 4 <= top_k <= 32); the result is the same
+// whatever it holds.
 at::Tensor gather_rows(const at::Tensor& x, const at::Tensor& src_of_row, const c10::optional<at::Tensor>& w,
-                       int64_t top_k) {
+                       int64_t top_k, const c10::optional<at::Tensor>& row_of) {
     const char* op = "mok.gather_rows";
     check_dim(x, 2, op, "x", "[T, H]");
     check_contiguous(x, op, "x");
@@ -145,8 +148,14 @@ at::Tensor gather_rows(const at::Tensor& x, const at::Tensor& src_of_row, const 
     check_index(src_of_row, x, op, "src_of_row");
     TORCH_CHECK_VALUE(top_k >= 1, op, ": top_k must be >= 1, got ", top_k);
     check_weights(w, x, x.size(0), top_k, op);
+    if (row_of.has_value()) {
+        check_dim(*row_of, 2, op, "row_of", "[T, top_k]");
+        check_index(*row_of, x, op, "row_of");
+        check_size(*row_of, 0, x.size(0), op, "row_of", "tokens");
+        check_size(*row_of, 1, top_k, op, "row_of", "top_k");
+    }
     auto out = at::empty({src_of_row.size(0), x.size(1)}, x.options());
-    if (out.numel() > 0) MOK_DISPATCH(x, gather_rows, x, src_of_row, w, top_k, out);
+    if (out.numel() > 0) MOK_DISPATCH(x, gather_rows, x, src_of_row, w, top_k, row_of, out);
     return out;
 }
 
@@ -342,7 +351,7 @@ TORCH_LIBRARY(mok, m) {
           "float scaling) -> Tensor");
     m.def("moe_plan(Tensor topk_idx, int num_experts, int tile, bool skip_invalid) -> (Tensor counts, "
           "Tensor offsets, Tensor row_of, Tensor src_of_row, Tensor num_skipped)");
-    m.def("gather_rows(Tensor x, Tensor src_of_row, Tensor? w, int top_k) -> Tensor");
+    m.def("gather_rows(Tensor x, Tensor src_of_row, Tensor? w, int top_k, Tensor? row_of=None) -> Tensor");
     m.def("combine(Tensor rows, Tensor row_of, Tensor src_of_row, Tensor? w) -> Tensor");
     m.def("combine_weight_grad(Tensor dy, Tensor rows, Tensor row_of) -> Tensor");
     m.def("swiglu(Tensor h) -> Tensor");
