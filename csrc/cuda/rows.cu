@@ -25,6 +25,17 @@ namespace {
 
 enum { ROWS_THREADS = 256, ROWS_BLOCKS_PER_SM = 16, WG_WARPS = 8 };
 
+/* A grid-stride loop over warps (blocks of whole warps): this thread's lane, its warp's index and
+ * the grid's warp count. */
+struct WarpStride {
+    int lane;
+    int64_t warp, count;
+};
+__device__ __forceinline__ WarpStride warp_stride() {
+    return {(int)(threadIdx.x % 32), ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32,
+            (int64_t)gridDim.x * blockDim.x / 32};
+}
+
 /* ------------------------------------------------------------------------------------------------
  * gather_rows: one block per output row (grid-stride over rows), threads over H.
  * ---------------------------------------------------------------------------------------------- */
@@ -118,12 +129,10 @@ enum { GATHER_BY_TOKEN_MIN_K = 4, GATHER_BY_TOKEN_MAX_K = 32, GATHER_TOKEN_VECS 
 __global__ void __launch_bounds__(ROWS_THREADS) gather_rows_by_token_bf16x8_kernel(
     const __nv_bfloat16* __restrict__ x, int64_t T_, int64_t H, int64_t K, int64_t R,
     const int32_t* __restrict__ src_of_row, const int32_t* __restrict__ row_of, __nv_bfloat16* __restrict__ out) {
-    const int lane = (int)(threadIdx.x % 32);
-    const int64_t warps_per_block = blockDim.x / 32;
-    const int64_t warp = (int64_t)blockIdx.x * warps_per_block + threadIdx.x / 32;
-    const int64_t num_warps = (int64_t)gridDim.x * warps_per_block;
+    const WarpStride ws = warp_stride();
+    const int lane = ws.lane;
     const int64_t HV = H / MOK_VEC;
-    for (int64_t t = warp; t < T_; t += num_warps) {
+    for (int64_t t = ws.warp; t < T_; t += ws.count) {
         /* ---- lane k < K: the row of pair (t, k) if the token walk owns it, else -1 ---- */
         int64_t my_row = -1;
         if (lane < K) {
@@ -157,14 +166,12 @@ __global__ void __launch_bounds__(ROWS_THREADS) gather_rows_by_token_bf16x8_kern
 __global__ void __launch_bounds__(ROWS_THREADS) gather_rows_fixup_bf16x8_kernel(
     const __nv_bfloat16* __restrict__ x, int64_t T_, int64_t H, int64_t K, int64_t R,
     const int32_t* __restrict__ src_of_row, const int32_t* __restrict__ row_of, __nv_bfloat16* __restrict__ out) {
-    const int lane = (int)(threadIdx.x % 32);
-    const int64_t warps_per_block = blockDim.x / 32;
-    const int64_t warp = (int64_t)blockIdx.x * warps_per_block + threadIdx.x / 32;
-    const int64_t num_warps = (int64_t)gridDim.x * warps_per_block;
+    const WarpStride ws = warp_stride();
+    const int lane = ws.lane;
     const int64_t HV = H / MOK_VEC;
     /* NOTE: one warp per row, rows dealt round-robin: the padding rows at the end of each expert's
      * segment are consecutive, and a warp that owned 32 of them wrote 450 KB alone (DeepSeek-V3). */
-    for (int64_t r = warp; r < R; r += num_warps) {
+    for (int64_t r = ws.warp; r < R; r += ws.count) {
         const int64_t s = (int64_t)src_of_row[r];
         const bool zero = s < 0 || s >= T_ * K;
         if (!zero && (int64_t)row_of[s] == r) continue;  // the token walk writes it
@@ -257,10 +264,9 @@ __global__ void __launch_bounds__(WG_WARPS * 32) combine_weight_grad_kernel(cons
                                                                             const int32_t* __restrict__ row_of,
                                                                             typename mok_acc<T>::type* __restrict__ d_w) {
     typedef typename mok_acc<T>::type Acc;
-    const int lane = (int)(threadIdx.x % 32);
-    const int64_t warp = (int64_t)blockIdx.x * WG_WARPS + threadIdx.x / 32;
-    const int64_t num_warps = (int64_t)gridDim.x * WG_WARPS;
-    for (int64_t p = warp; p < TK; p += num_warps) {
+    const WarpStride ws = warp_stride();
+    const int lane = ws.lane;
+    for (int64_t p = ws.warp; p < TK; p += ws.count) {
         /* ---- row of the pair (uniform over the warp) ---- */
         const int64_t row = (int64_t)row_of[p];
         const bool valid = row >= 0 && row < R;
@@ -289,11 +295,10 @@ __global__ void __launch_bounds__(WG_WARPS * 32) combine_weight_grad_kernel(cons
 __global__ void __launch_bounds__(WG_WARPS * 32) combine_weight_grad_bf16x8_kernel(
     const __nv_bfloat16* __restrict__ dy, const __nv_bfloat16* __restrict__ rows, int64_t R, int64_t H, int64_t TK,
     int64_t K, const int32_t* __restrict__ row_of, float* __restrict__ d_w) {
-    const int lane = (int)(threadIdx.x % 32);
-    const int64_t warp = (int64_t)blockIdx.x * WG_WARPS + threadIdx.x / 32;
-    const int64_t num_warps = (int64_t)gridDim.x * WG_WARPS;
+    const WarpStride ws = warp_stride();
+    const int lane = ws.lane;
     const int64_t HV = H / MOK_VEC;
-    for (int64_t p = warp; p < TK; p += num_warps) {
+    for (int64_t p = ws.warp; p < TK; p += ws.count) {
         const int64_t row = (int64_t)row_of[p];
         const bool valid = row >= 0 && row < R;
         float acc = 0.f;
