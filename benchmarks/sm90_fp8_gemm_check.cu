@@ -11,7 +11,8 @@
  *                                   default: DeepSeek-V3 slice GEMM1's d_W, 65536 32 4096 7168)
  *
  * Compile-time variants: -DMOK_SM90_FP8_BN=192 (tile width), -DMOK_SM90_FP8_OVERLAP=1 (two partial
- * accumulators), -DMOK_SM90_TIMING (cycles per tile of one consumer thread per CTA: full-stage
+ * accumulators), -DMOK_SM90_FP8_L2_PREFETCH=D (L2 prefetch of the K-block D ahead; not yet run on a
+ * GPU), -DMOK_SM90_TIMING (cycles per tile of one consumer thread per CTA: full-stage
  * waits, wgmma drain, FP32 promotion, epilogue; printed after the timed problem; the counters add
  * a few instructions to the mainloop, so time the plain build separately).
  */
