@@ -119,7 +119,9 @@ def test_combine_gather_and_weight_grad(device, dtype, case):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", CASES + [MoECase(0, 32, 16, 8, 4)], ids=str)  # + no tokens at K = 4
+# + no tokens at K = 4, and K = 8, 32 (the token walk's bounds) and 33 (past them: the row walk)
+@pytest.mark.parametrize("case", CASES + [MoECase(0, 32, 16, 8, 4), MoECase(200, 64, 16, 40, 8),
+                                          MoECase(40, 64, 16, 40, 32), MoECase(40, 64, 16, 40, 33)], ids=str)
 @pytest.mark.parametrize("weighted", [False, True], ids=["copy", "weighted"])
 def test_gather_rows_by_token_is_bitwise_the_per_row_gather(device, case, weighted):
     # row_of only changes how the CUDA kernel walks (by token, x read once); the rows must be the
