@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(ROWS_THREADS) gather_rows_bf16x8_kernel(const 
  * WHY: walking the output rows reads each token's x row K times at scattered moments (its K experts'
  * segments are far apart), mostly from DRAM once x outgrows the L2: 8x x's bytes on Qwen3-30B-A3B.
  * Walking the tokens reads x once and writes it to the token's K rows. Measured (performance log
- * v23): 20% faster at K = 8 on Qwen3's shape, 9% on DeepSeek-V3's, but 33% slower at K = 2 and
+ * v23): 20% faster at K = 8 on the Qwen3 and DeepSeek-V3 shapes, but 33% slower at K = 2 and
  * slower for weighted rows (the scattered writes cost more than the saved reads), so the launcher
  * takes this walk only for plain copies with K >= GATHER_BY_TOKEN_MIN_K.
  *   by_token: one warp per token (lane k looks up pair k); row r = row_of[t, k] is written when
