@@ -142,7 +142,11 @@ __global__ void __launch_bounds__(ROWS_THREADS) gather_rows_by_token_bf16x8_kern
         }
         /* ---- read x[t] once, GATHER_TOKEN_VECS vectors per lane at a time; write them to the K rows ---- */
         const __nv_bfloat16* __restrict__ xt = x + t * H;
-        for (int64_t c0 = lane; c0 < HV; c0 += 32 * GATHER_TOKEN_VECS) {
+        /* NOTE: the loop bound is warp-uniform: every lane must reach the __shfl_sync below, also
+         * when H / 8 < 32 leaves some lanes without a vector (a lane outside a full-mask shuffle
+         * gives the others garbage: seen at K = 32, H = 64) */
+        for (int64_t base = 0; base < HV; base += 32 * GATHER_TOKEN_VECS) {
+            const int64_t c0 = base + lane;
             uint4 v[GATHER_TOKEN_VECS];
 #pragma unroll
             for (int j = 0; j < GATHER_TOKEN_VECS; ++j) {
