@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/launch.cuh"
+#include "gemm/cluster_launch.cuh"
 #include "gemm/grouped_gemm_fp8_sm90.cuh"
 #include "gemm/tensor_map.h"
 #include "mok_fp8_gemm_cuda.h"
@@ -26,22 +27,34 @@ bool sm90_enabled() {
     return !(env && env[0] && env[0] != '0');
 }
 
-/* Persistent launch of one kernel variant over `tiles` tiles (shared memory opted in once per variant). */
-template <bool kWgrad>
-int launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_out, const f8::params& p,
-           int64_t tiles, int num_sms_hint, cudaStream_t stream) {
+/* CTAs per cluster of the forward: 1, or 2 with MOK_SM90_FP8_CLUSTER=2 (pairs of M-tiles sharing
+ * B by TMA multicast; an experiment, read on every call so that one process can compare both). */
+int fp8_cluster_size() {
+    const char* env = getenv("MOK_SM90_FP8_CLUSTER");
+    return env && env[0] == '2' ? 2 : 1;
+}
+
+/* Persistent launch of one kernel variant over `units` work units (tiles, or pairs of M-tiles;
+ * shared memory opted in once per variant). */
+template <bool kWgrad, int kCluster>
+int launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_b_half,
+           const CUtensorMap& tma_out, const f8::params& p, int64_t units, int num_sms_hint, cudaStream_t stream) {
+    auto kernel = f8::grouped_gemm_fp8_nt_kernel<kWgrad, kCluster>;
     const int smem = (int)sizeof(f8::smem_layout) + 1024;
     static bool configured = false;
     if (!configured) {
-        if (cudaFuncSetAttribute(f8::grouped_gemm_fp8_nt_kernel<kWgrad>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 smem) != cudaSuccess)
+        if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
             return mok_launch_status();
         configured = true;
     }
     const int num_sms = num_sms_hint > 0 ? num_sms_hint : mok_num_sms();
-    f8::grouped_gemm_fp8_nt_kernel<kWgrad>
-        <<<mok_sched_grid(tiles, num_sms, 1), f8::kThreads, smem, stream>>>(tma_a, tma_b, tma_out, p);
-    return mok_launch_status();
+    if (kCluster == 1) {
+        kernel<<<mok_sched_grid(units, num_sms, 1), f8::kThreads, smem, stream>>>(tma_a, tma_b, tma_b_half, tma_out, p);
+        return mok_launch_status();
+    }
+    static int max_clusters = 0;
+    return mok_launch_persistent_clusters(kernel, kCluster, units, num_sms, f8::kThreads, smem, stream, &max_clusters,
+                                          tma_a, tma_b, tma_b_half, tma_out, p);
 }
 
 }  // namespace
@@ -61,7 +74,7 @@ extern "C" int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args*
                   a->out != NULL);
     MOK_CHECK_ARG(a->K % f8::BK == 0 && a->N % f8::SCALE_BLOCK == 0 && pointers_aligned(a));
 
-    CUtensorMap tma_a, tma_b, tma_out;
+    CUtensorMap tma_a, tma_b, tma_b_half, tma_out;
     {
         /* A [R, K] bytes: boxes of 128 rows x 128 K (one 128-byte swizzle row each) */
         const cuuint64_t dims[2] = {(cuuint64_t)a->K, (cuuint64_t)a->R};
@@ -75,6 +88,10 @@ extern "C" int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args*
         const cuuint64_t strides[2] = {(cuuint64_t)a->K, (cuuint64_t)(a->N * a->K)};
         const cuuint32_t box[3] = {f8::BK, f8::BN, 1};
         if (!mok_tma::encode(&tma_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, a->b, 3, dims, strides, box)) return MOK_ERR_ARG;
+        /* and in halves of BN / 2 rows, the part of a shared B tile each CTA of a pair multicasts */
+        const cuuint32_t half_box[3] = {f8::BK, f8::BN / 2, 1};
+        if (!mok_tma::encode(&tma_b_half, CU_TENSOR_MAP_DATA_TYPE_UINT8, a->b, 3, dims, strides, half_box))
+            return MOK_ERR_ARG;
     }
     {
         /* out [1, R, N] bf16: the BF16 kernel's [64 x 64] epilogue boxes */
@@ -96,7 +113,13 @@ extern "C" int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args*
     p.num_kb = a->K / f8::BK;
     p.error_flag = a->error_flag;
 
-    return launch<false>(tma_a, tma_b, tma_out, p, mok_ceil_div(a->R, f8::BM) * p.num_n_tiles, a->num_sms, stream);
+    /* NOTE: a pair needs two SMs of one GPC; with fewer SMs than that, one CTA per cluster */
+    const int num_sms = a->num_sms > 0 ? a->num_sms : mok_num_sms();
+    if (fp8_cluster_size() == 2 && num_sms >= 2)
+        return launch<false, 2>(tma_a, tma_b, tma_b_half, tma_out, p, mok_ceil_div(a->R, 2 * f8::BM) * p.num_n_tiles,
+                                num_sms, stream);
+    return launch<false, 1>(tma_a, tma_b, tma_b_half, tma_out, p, mok_ceil_div(a->R, f8::BM) * p.num_n_tiles, num_sms,
+                            stream);
 }
 
 extern "C" int mok_grouped_gemm_fp8_wgrad_supported(const struct mok_grouped_gemm_fp8_wgrad_args* a) {
@@ -152,5 +175,5 @@ extern "C" int mok_grouped_gemm_fp8_wgrad_cuda(const struct mok_grouped_gemm_fp8
     p.num_m_tiles = a->M / f8::BM;
     p.num_n_tiles = mok_ceil_div(a->N, f8::BN);
     p.error_flag = a->error_flag;
-    return launch<true>(tma_a, tma_b, tma_out, p, a->E * p.num_m_tiles * p.num_n_tiles, a->num_sms, stream);
+    return launch<true, 1>(tma_a, tma_b, tma_b, tma_out, p, a->E * p.num_m_tiles * p.num_n_tiles, a->num_sms, stream);
 }

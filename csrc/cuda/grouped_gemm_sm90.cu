@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "common/launch.cuh"
+#include "gemm/cluster_launch.cuh"
 #include "gemm/grouped_gemm_sm90.cuh"
 #include "gemm/grouped_gemm_sm90.h"
 #include "gemm/tensor_map.h"
@@ -69,40 +70,9 @@ int launch_cluster(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUt
                                                                                        p);
         return mok_launch_status();
     }
-    cudaLaunchConfig_t cfg = {};
-    cfg.blockDim = dim3(mok_sm90::kThreads);
-    cfg.dynamicSmemBytes = (size_t)smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = kCluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    /* NOTE: a persistent grid must be resident at once: a pair needs two free SMs of one GPC, so
-     * fewer pairs than SMs / 2 may fit; one more pair would run as a second wave (measured: the
-     * kernel 1.7x slower). Ask the occupancy API how many fit. */
     static int max_clusters = 0;
-    if (max_clusters == 0) {
-        cfg.gridDim = dim3((unsigned)(num_sms / kCluster * kCluster));
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess || n < 1) {
-            (void)cudaGetLastError();
-            n = 1;
-        }
-        max_clusters = n;
-    }
-    int64_t clusters = units < max_clusters ? units : max_clusters;
-    const int64_t sm_pairs = num_sms / kCluster > 0 ? num_sms / kCluster : 1;
-    clusters = clusters < sm_pairs ? clusters : sm_pairs;
-    cfg.gridDim = dim3((unsigned)(clusters * kCluster));
-    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, tma_a, tma_b, tma_out, tma_act, p);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        return (int)err;
-    }
-    return mok_launch_status();
+    return mok_launch_persistent_clusters(kernel, kCluster, units, num_sms, mok_sm90::kThreads, smem, stream,
+                                          &max_clusters, tma_a, tma_b, tma_out, tma_act, p);
 }
 
 template <bool kSwiGLU, bool kGather, bool kBMN, bool kWgrad = false>

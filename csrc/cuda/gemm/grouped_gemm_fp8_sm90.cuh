@@ -37,6 +37,8 @@
 #define MOK_CUDA_GEMM_GROUPED_GEMM_FP8_SM90_CUH
 
 #include "../mok_cuda.h"
+#include "../ptx/cluster.cuh"
+#include "../ptx/smem.cuh"
 #include "grouped_gemm_sm90.cuh"
 
 namespace mok_sm90_fp8 {
@@ -50,12 +52,19 @@ using mok_sm90::epi_stager;
 #define MOK_SM90_FP8_BN 128
 #endif
 
+/* MOK_SM90_FP8_STAGES: the ring's depth; 5 (BN 128) or 4 (BN 192) is what fits beside the 32 KiB
+ * epilogue buffer. 6 fits with one epilogue buffer per warpgroup (-DMOK_SM90_EPI_BUFS=1), an
+ * experiment for the standalone checker. */
+#ifndef MOK_SM90_FP8_STAGES
+#define MOK_SM90_FP8_STAGES (MOK_SM90_FP8_BN == 128 ? 5 : 4)
+#endif
+
 enum {
     BM = 128,
     BN = MOK_SM90_FP8_BN,
     BK = 128, /* bytes of FP8 along K: one 128B swizzle row */
     SCALE_BLOCK = 128,
-    kStages = BN == 128 ? 5 : 4,
+    kStages = MOK_SM90_FP8_STAGES,
     kThreads = 384,
     kProducerRegs = 40,
     kConsumerRegs = 232,
@@ -102,26 +111,63 @@ struct params {
 #define MOK_SM90_FP8_SKIP_SCALE_LOADS 0
 #endif
 
-/* Experiment (off by default, not yet measured): MOK_SM90_FP8_L2_PREFETCH=D has the producer ask the
- * TMA unit to bring K-block kb + D of the tile into the L2 before it waits for a free stage for kb.
- * Why: at the FP8 rate the 5-stage ring holds about 2,500 tensor cycles, near the loaded memory
- * latency, and a third of the mainloop waits for full stages (performance log v19, v23). */
-#ifndef MOK_SM90_FP8_L2_PREFETCH
-#define MOK_SM90_FP8_L2_PREFETCH 0
-#endif
+/* (Tried and removed: TMA prefetches of K-block kb + 4 or + 8 into the L2 before the producer waits
+ * for a free stage: 1051 -> 620 TFLOP/s on DeepSeek-V3 GEMM1; performance log v24.) */
+
+/* ---- the tile walk: single CTAs, or 2-CTA clusters over pairs of M-tiles ----
+ * With kCluster = 2 (MOK_SM90_FP8_CLUSTER=2 at run time) a cluster takes a unit of two M-tiles with
+ * the same N-tile, rank r the M-tile 2u + r. Where both tiles run the same expert, each CTA loads
+ * half of the B tile and multicasts it into both rings (24 KiB per K-block per SM from L2 instead
+ * of 32). Where they do not, each loads its own B. Both CTAs always step through the same ring
+ * stages (every forward tile has the same K-blocks) and release each stage in both CTAs; a CTA
+ * whose tile has no expert while its peer's has runs a dummy mainloop on the peer's expert (its
+ * output is discarded: zeros are stored, as for any tile outside the plan). */
+struct fp8_job {
+    mok_tile tile;  /* this CTA's tile */
+    int32_t e_load; /* the expert whose B this CTA loads: its own, or (dummy) its peer's */
+    bool compute;   /* this CTA's tile is in the plan */
+    bool active;    /* this CTA or its peer computes: the pair runs the mainloop */
+    bool shared;    /* both compute the same expert: B is multicast */
+};
+
+template <int kCluster>
+__device__ __forceinline__ fp8_job fp8_job_of(const params& p, const mok_tile& unit, uint32_t rank, int64_t rows_used) {
+    fp8_job j;
+    j.tile = mok_sm90::cta_tile<kCluster>(unit, rank, rows_used);
+    const int32_t e_me = j.tile.in_use ? (int32_t)mok_expert_of_row(p.offsets, p.E, j.tile.m0) : -1;
+    int32_t e_peer = -1;
+    if (kCluster > 1) {
+        const mok_tile peer = mok_sm90::cta_tile<kCluster>(unit, rank ^ 1, rows_used);
+        e_peer = peer.in_use ? (int32_t)mok_expert_of_row(p.offsets, p.E, peer.m0) : -1;
+    }
+    j.compute = e_me >= 0;
+    j.active = e_me >= 0 || e_peer >= 0;
+    j.shared = kCluster > 1 && e_me >= 0 && e_me == e_peer;
+    j.e_load = e_me >= 0 ? e_me : e_peer;
+    return j;
+}
+
+template <int kCluster>
+__device__ __forceinline__ void fp8_sched_init(mok_tile_sched* sched, const params& p, int64_t rows_used) {
+    mok_sched_init(sched, 1, (p.R + BM * kCluster - 1) / (BM * kCluster), p.num_n_tiles, BM * kCluster, rows_used);
+    if (kCluster > 1) mok_sched_per_cluster(sched, kCluster);
+}
 
 /* ---- producer: TMA for the tiles, cp.async for the scales (one per thread and K-block) ---- */
+template <int kCluster>
 __device__ __forceinline__ void produce(smem_layout& s, const params& p, const CUtensorMap* tma_a,
-                                        const CUtensorMap* tma_b, int64_t rows_used) {
+                                        const CUtensorMap* tma_b, const CUtensorMap* tma_b_half, int64_t rows_used) {
     const int tid = threadIdx.x; /* 0..127 */
+    const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
     uint32_t stage = 0, phase = 0;
     mok_tile_sched sched;
-    mok_sched_init(&sched, 1, (p.R + BM - 1) / BM, p.num_n_tiles, BM, rows_used);
-    mok_tile tile;
-    while (mok_sched_next_tile(&sched, &tile)) {
-        if (!tile.in_use) continue;
-        const int32_t e = (int32_t)mok_expert_of_row(p.offsets, p.E, tile.m0);
-        if (e < 0) continue;
+    fp8_sched_init<kCluster>(&sched, p, rows_used);
+    mok_tile unit;
+    while (mok_sched_next_tile(&sched, &unit)) {
+        const fp8_job j = fp8_job_of<kCluster>(p, unit, rank, rows_used);
+        if (!j.active) continue;
+        const int32_t e = j.e_load;
+        const mok_tile& tile = j.tile;
         const int64_t row = tile.m0 + tid;
         const bool row_ok = row < p.R;
         const float* sa_row = p.sa + (row_ok ? row : 0) * p.num_kb;
@@ -131,18 +177,21 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
         const int64_t blk1 = blk0 + 1 < n_blocks ? blk0 + 1 : blk0;
         const float* sb_tile0 = p.sb + ((int64_t)e * n_blocks + blk0) * p.num_kb;
         const float* sb_tile1 = p.sb + ((int64_t)e * n_blocks + blk1) * p.num_kb;
+        const int32_t n0 = (int32_t)(tile.n_tile * BN);
         for (int64_t kb = 0; kb < p.num_kb; ++kb) {
-            if (MOK_SM90_FP8_L2_PREFETCH > 0 && tid == 0 && kb + MOK_SM90_FP8_L2_PREFETCH < p.num_kb) {
-                const int32_t kp = (int32_t)((kb + MOK_SM90_FP8_L2_PREFETCH) * BK);
-                tma_prefetch_l2_2d(tma_a, kp, (int32_t)tile.m0);
-                tma_prefetch_l2_3d(tma_b, kp, (int32_t)(tile.n_tile * BN), e);
-            }
+            /* (a pair: both CTAs' consumers have released the stage, so the peer's half of B may land) */
             mbarrier_wait_parity(&s.empty[stage], phase ^ 1);
             const int32_t k0 = (int32_t)(kb * BK);
             if (tid == 0) {
+                /* a shared stage: this CTA's half of B and the peer's land here too, 32 KiB in all */
                 mbarrier_arrive_expect_tx(&s.full[stage], STAGE_A_BYTES + STAGE_B_BYTES);
                 tma_load_2d(&s.a[stage][0], tma_a, &s.full[stage], k0, (int32_t)tile.m0);
-                tma_load_3d(&s.b[stage][0], tma_b, &s.full[stage], k0, (int32_t)(tile.n_tile * BN), e);
+                if (kCluster > 1 && j.shared) {
+                    tma_load_3d_multicast(&s.b[stage][rank * (BN / 2) * BK], tma_b_half, &s.full[stage], 0x3, k0,
+                                          n0 + (int32_t)rank * (BN / 2), e);
+                } else {
+                    tma_load_3d(&s.b[stage][0], tma_b, &s.full[stage], k0, n0, e);
+                }
                 cp_async_4(&s.sb[stage][0], sb_tile0 + kb, 4u);
             }
             if (BN > SCALE_BLOCK && tid == 1) cp_async_4(&s.sb[stage][1], sb_tile1 + kb, 4u);
@@ -208,15 +257,13 @@ struct ring_pos {
 
 /* MOK_SM90_FP8_OVERLAP=1: two partial accumulators, so that K-block kb + 1 runs on the tensor
  * cores while kb is promoted on the CUDA cores (wait_group 1 instead of 0). Default 0: one partial
- * accumulator, promotion after each K-block's wgmma has drained. Measured on the H200 (DeepSeek-V3
- * GEMM1): 914 TFLOP/s with the overlap against 974 without; the two consumer warpgroups already
- * overlap each other's promotion, and the 128 x 128 tile's operand traffic from L2 (32 KiB per
- * 4.2 MFLOP, about 7.5 TB/s at this rate) is the likelier limit (docs/performance-log.md, v15). */
+ * accumulator, promotion after each K-block's wgmma has drained. Measured on the H200 (standalone
+ * checker): slower every time. v16 (scales read from the stage at promotion): 914 against 974
+ * TFLOP/s on DeepSeek-V3 GEMM1; v24 (with early release, each K-block's scales in registers): 994
+ * against 1051, 976 against 1040 on Mixtral GEMM1. The two consumer warpgroups already overlap
+ * each other's promotion (docs/performance-log.md, v16, v24). */
 #ifndef MOK_SM90_FP8_OVERLAP
 #define MOK_SM90_FP8_OVERLAP 0
-#endif
-#if MOK_SM90_FP8_OVERLAP && !defined(MOK_SM90_FP8_EARLY_RELEASE)
-#define MOK_SM90_FP8_EARLY_RELEASE 0 /* the overlap keeps two K-blocks in flight: scales stay in the stage */
 #endif
 static_assert(!(MOK_SM90_FP8_OVERLAP && BN > 128), "two partial accumulators of 96 and the final one do not fit");
 
@@ -228,8 +275,34 @@ static_assert(!(MOK_SM90_FP8_OVERLAP && BN > 128), "two partial accumulators of 
 #ifndef MOK_SM90_FP8_EARLY_RELEASE
 #define MOK_SM90_FP8_EARLY_RELEASE 1
 #endif
-static_assert(!(MOK_SM90_FP8_EARLY_RELEASE && MOK_SM90_FP8_OVERLAP), "early release keeps one K-block's scales");
 
+/* MOK_SM90_FP8_LDS_SCALES=1 (default): the consumers read a stage's scales with ld.shared (LDS);
+ * 0: plain C++ reads, which ptxas turned into generic loads (LD.E) because the layout is reached
+ * through a cast pointer (kept to measure the difference). */
+#ifndef MOK_SM90_FP8_LDS_SCALES
+#define MOK_SM90_FP8_LDS_SCALES 1
+#endif
+__device__ __forceinline__ float ld_scale(const float* p) {
+    return MOK_SM90_FP8_LDS_SCALES ? ld_shared_f32(p) : *p;
+}
+__device__ __forceinline__ float2 ld_scale2(const float* p) {
+    return MOK_SM90_FP8_LDS_SCALES ? ld_shared_f32x2(p) : *reinterpret_cast<const float2*>(p);
+}
+
+/* The scales of one K-block in flight, read from its stage before its wgmma (early release). */
+struct kblock_scales {
+    float sa0 = 0.f, sa1 = 0.f, sb0 = 0.f, sb1 = 0.f;
+};
+
+/* A consumer warp hands a stage back: to its producer, and in a pair also to the peer's (whose
+ * producer multicasts into this CTA's stage). */
+template <int kCluster>
+__device__ __forceinline__ void release_stage(smem_layout& s, uint32_t stage) {
+    mbarrier_arrive(&s.empty[stage]);
+    if (kCluster > 1) mbarrier_arrive_cluster(&s.empty[stage], cluster_ctarank() ^ 1);
+}
+
+template <int kCluster>
 __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used,
                                         const CUtensorMap* tma_out) {
     const int wg = (threadIdx.x / 128) - 1;
@@ -244,94 +317,105 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
 #endif
     epi_stager epi = mok_sm90::make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t);
     const uint32_t a_base = mok_smem_u32(&s.a[0][wg * 64 * BK]), b_base = mok_smem_u32(&s.b[0][0]);
-    float kb_sa0 = 0.f, kb_sa1 = 0.f, kb_sb0 = 0.f, kb_sb1 = 0.f; /* early release: the K-block's scales */
+    /* early release: the scales of each K-block in flight (two with the overlap), one set per
+     * partial accumulator so that both keep static register indices */
+    kblock_scales sc0;
+#if MOK_SM90_FP8_OVERLAP
+    kblock_scales sc1;
+#endif
     /* issue K-block wgmma for the stage at pos (after its bytes have landed) */
-    auto issue = [&](float (&part)[BN / 2], const ring_pos& at) {
+    auto issue = [&](float (&part)[BN / 2], kblock_scales& sc, const ring_pos& at) {
         const long long t_wait = MOK_TIMING_NOW();
         mbarrier_wait_parity(&s.full[at.stage], at.phase);
         MOK_TIMING_ADD(mok_sm90::TIMING_FULL_WAIT, t_wait);
         if (MOK_SM90_FP8_EARLY_RELEASE) {
-            kb_sa0 = s.sa[at.stage][r_lo];
-            kb_sa1 = s.sa[at.stage][r_lo + 8];
-            kb_sb0 = s.sb[at.stage][0];
-            kb_sb1 = BN > SCALE_BLOCK ? s.sb[at.stage][1] : 0.f;
+            sc.sa0 = ld_scale(&s.sa[at.stage][r_lo]);
+            sc.sa1 = ld_scale(&s.sa[at.stage][r_lo + 8]);
+            sc.sb0 = ld_scale(&s.sb[at.stage][0]);
+            sc.sb1 = BN > SCALE_BLOCK ? ld_scale(&s.sb[at.stage][1]) : 0.f;
         }
         mma_kblock(part, a_base + at.stage * STAGE_A_BYTES, b_base + at.stage * STAGE_B_BYTES);
     };
     /* promote the finished K-block of the stage at pos and hand the stage back (one arrival per
      * consumer warp: its tiles and scales are read) */
     int split = SCALE_BLOCK; /* the tile's columns [0, split) are in its first B scale block */
-    auto retire = [&](float (&part)[BN / 2], const ring_pos& at) {
+    auto retire = [&](float (&part)[BN / 2], const kblock_scales& sc, const ring_pos& at) {
         const long long t_promote = MOK_TIMING_NOW();
         if (MOK_SM90_FP8_EARLY_RELEASE) {
-            if (lane == 0) mbarrier_arrive(&s.empty[at.stage]);
-            promote(acc, part, kb_sa0, kb_sa1, kb_sb0, kb_sb1, split);
+            if (lane == 0) release_stage<kCluster>(s, at.stage);
+            promote(acc, part, sc.sa0, sc.sa1, sc.sb0, sc.sb1, split);
         } else {
             promote(acc, part, s.sa[at.stage][r_lo], s.sa[at.stage][r_lo + 8], s.sb[at.stage][0],
                     BN > SCALE_BLOCK ? s.sb[at.stage][1] : 0.f, split);
-            if (lane == 0) mbarrier_arrive(&s.empty[at.stage]);
+            if (lane == 0) release_stage<kCluster>(s, at.stage);
         }
         MOK_TIMING_ADD(mok_sm90::TIMING_PROMOTE, t_promote);
     };
 
+    const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
     mok_tile_sched sched;
-    mok_sched_init(&sched, 1, (p.R + BM - 1) / BM, p.num_n_tiles, BM, rows_used);
-    mok_tile tile;
-    while (mok_sched_next_tile(&sched, &tile)) {
-        /* tiles past the rows in use or before offsets[0]: no mainloop (the producer skips them
-         * too), the epilogue stores zeros */
-        const bool compute = tile.in_use && mok_expert_of_row(p.offsets, p.E, tile.m0) >= 0;
+    fp8_sched_init<kCluster>(&sched, p, rows_used);
+    mok_tile unit;
+    while (mok_sched_next_tile(&sched, &unit)) {
+        /* tiles past the rows in use or before offsets[0]: no mainloop unless the peer's tile has one
+         * (a dummy pass), and the epilogue stores zeros */
+        const fp8_job job = fp8_job_of<kCluster>(p, unit, rank, rows_used);
+        const mok_tile& tile = job.tile;
         split = SCALE_BLOCK - (int)(tile.n_tile * BN % SCALE_BLOCK);
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
         /* NOTE: a value that ptxas sees as warp-uniform (a shuffle from lane 0): branches on it around
          * the wgmma stay non-divergent, otherwise ptxas serialises every wgmma (C7518) */
-        const int nkb = __shfl_sync(0xFFFFFFFFu, compute ? (int)p.num_kb : 0, 0);
+        const int nkb = __shfl_sync(0xFFFFFFFFu, job.active ? (int)p.num_kb : 0, 0);
 #if MOK_SM90_FP8_OVERLAP
         /* K-blocks in pairs (part0: even, part1: odd) so both arrays keep static register indices.
          * NOTE: every way out of the loop passes a wait_group 0, and the loop is entered only after
          * the first issue: ptxas must see no wgmma in flight where the next tile fences part0. */
         if (nkb > 0) {
-            issue(part0, pos);
+            issue(part0, sc0, pos);
             for (int kb = 0;; kb += 2) {
                 ring_pos next = pos;
                 next.advance();
                 if (kb + 1 >= nkb) {
                     wgmma_wait_group<0>();
-                    retire(part0, pos);
+                    retire(part0, sc0, pos);
                     pos = next;
                     break;
                 }
-                issue(part1, next);
+                issue(part1, sc1, next);
                 wgmma_wait_group<1>();
-                retire(part0, pos);
+                retire(part0, sc0, pos);
                 ring_pos after = next;
                 after.advance();
                 if (kb + 2 >= nkb) {
                     wgmma_wait_group<0>();
-                    retire(part1, next);
+                    retire(part1, sc1, next);
                     pos = after;
                     break;
                 }
-                issue(part0, after);
+                issue(part0, sc0, after);
                 wgmma_wait_group<1>();
-                retire(part1, next);
+                retire(part1, sc1, next);
                 pos = after;
             }
         }
 #else
         const long long t_main = MOK_TIMING_NOW();
         for (int kb = 0; kb < nkb; ++kb) {
-            issue(part0, pos);
+            issue(part0, sc0, pos);
             const long long t_drain = MOK_TIMING_NOW();
             wgmma_wait_group<0>();
             MOK_TIMING_ADD(mok_sm90::TIMING_DRAIN, t_drain);
-            retire(part0, pos);
+            retire(part0, sc0, pos);
             pos.advance();
         }
         MOK_TIMING_ADD(mok_sm90::TIMING_MAINLOOP, t_main);
         if (nkb > 0) MOK_TIMING_COUNT(mok_sm90::TIMING_TILES);
 #endif
+        if (!job.compute) {
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f; /* a dummy pass's sums are not this tile's */
+        }
         /* ---- epilogue: [64 x 64] chunks through the BF16 kernel's stager, TMA stores ---- */
         const int64_t row0 = tile.m0 + 64 * wg;
         if (row0 >= p.R) continue;
@@ -407,7 +491,7 @@ __device__ __forceinline__ void promote_cols(float (&acc)[BN / 2], float (&part)
     for (int i = 0; i < BN / 2; ++i) wgmma_fence_operand(part[i]);
 #pragma unroll
     for (int i = 0; i < BN / 2; i += 4) {
-        const float2 sb = *reinterpret_cast<const float2*>(sb_cols + 2 * i + 2 * (lane & 3));
+        const float2 sb = ld_scale2(sb_cols + 2 * i + 2 * (lane & 3));
         acc[i] = fmaf(part[i], sa0 * sb.x, acc[i]);
         acc[i + 1] = fmaf(part[i + 1], sa0 * sb.y, acc[i + 1]);
         acc[i + 2] = fmaf(part[i + 2], sa1 * sb.x, acc[i + 2]);
@@ -442,7 +526,7 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
             /* the tiles are read: release the stage before the promotion (its scales stay, see wsa) */
             if (lane == 0) mbarrier_arrive(&s.empty[pos.stage]);
             const float* sa = &s.wsa[pos.phase][pos.stage][0];
-            promote_cols(acc, part, sa[r_lo], sa[r_lo + 8], &s.wsb[pos.phase][pos.stage][0], lane);
+            promote_cols(acc, part, ld_scale(&sa[r_lo]), ld_scale(&sa[r_lo + 8]), &s.wsb[pos.phase][pos.stage][0], lane);
             pos.advance();
         }
         /* ---- epilogue: out[e, m, n] in [64 x 64] chunks through the [E, M, N] map ---- */
@@ -469,10 +553,13 @@ __device__ __forceinline__ bool bad_offset(const params& p, int64_t e, bool wgra
     return wgrad && (off < 0 || off > p.R || (e > 0 && off < (int64_t)p.offsets[e - 1]));
 }
 
-template <bool kWgrad>
+/* tma_b_half: B in boxes of BN / 2 rows, the half a CTA of a pair multicasts (kCluster = 2 only). */
+template <bool kWgrad, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_fp8_nt_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
+                               const __grid_constant__ CUtensorMap tma_b_half,
                                const __grid_constant__ CUtensorMap tma_out, const params p) {
+    static_assert(kCluster == 1 || (kCluster == 2 && !kWgrad), "pairs: the forward only");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     smem_layout& s = *reinterpret_cast<smem_layout*>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     if (threadIdx.x == 0) {
@@ -480,11 +567,11 @@ __global__ void __launch_bounds__(kThreads, 1)
             /* the TMA thread's expect_tx, + 128 cp.async arrivals for the forward's row scales (the
              * weight gradient's scales come by bulk copy, counted in the expect_tx) */
             mbarrier_init(&s.full[i], kWgrad ? 1 : 1 + 128);
-            mbarrier_init(&s.empty[i], 8);
+            mbarrier_init(&s.empty[i], 8 * kCluster); /* every consumer warp of the cluster */
         }
         fence_mbarrier_init();
         tma_prefetch_descriptor(&tma_a);
-        tma_prefetch_descriptor(&tma_b);
+        tma_prefetch_descriptor(kCluster > 1 ? &tma_b_half : &tma_b);
     }
     /* ---- v1 takes 128-aligned plans only: report a misaligned one, compute nothing ---- */
     bool misaligned = false;
@@ -496,23 +583,32 @@ __global__ void __launch_bounds__(kThreads, 1)
             *flag = *flag | (int32_t)MOK_DEVICE_ERR_UNALIGNED_PLAN;
             __threadfence_system();
         }
-        return;
+        return; /* (every CTA of a pair returns here: the plan is the same for all) */
     }
+    /* NOTE: in a pair the peer's first multicast and releases may reach this CTA's barriers before
+     * its own producer starts: initialise them cluster-wide first */
+    if (kCluster > 1) cluster_sync();
     const int64_t rows_used = mok_rows_in_use(p.offsets, p.E, p.R);
     if (threadIdx.x < 128) {
         setmaxnreg_dec<kProducerRegs>();
         if (kWgrad) {
             produce_wgrad(s, p, &tma_a, &tma_b);
         } else {
-            produce(s, p, &tma_a, &tma_b, rows_used);
+            produce<kCluster>(s, p, &tma_a, &tma_b, &tma_b_half, rows_used);
         }
     } else {
         setmaxnreg_inc<kConsumerRegs>();
         if (kWgrad) {
             consume_wgrad(s, p, &tma_out);
         } else {
-            consume(s, p, rows_used, &tma_out);
+            consume<kCluster>(s, p, rows_used, &tma_out);
         }
+    }
+    /* ---- a CTA's shared memory must outlive its peer's multicasts and remote arrivals (the
+     * barrier is .aligned: reconverge the producer warps first) ---- */
+    if (kCluster > 1) {
+        __syncwarp();
+        cluster_sync();
     }
 }
 

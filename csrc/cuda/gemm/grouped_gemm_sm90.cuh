@@ -96,7 +96,8 @@ enum {
     BN = 256,
     BK = 64,
     kStages = MOK_SM90_STAGES,
-    kEpiBufs = MOK_SM90_EPI_BUFS, /* >= 2: a chunk is written while the previous one is stored */
+    kEpiBufs = MOK_SM90_EPI_BUFS, /* 2: a chunk is written while the previous one is stored; 1 (an
+                                     experiment: frees shared memory for a ring stage) waits for it */
     kThreads = 384,
     kProducerRegs = 56,
     kConsumerRegs = 224,
@@ -118,7 +119,7 @@ struct smem_layout {
     uint64_t empty[kStages];
     int32_t offsets[kSmemOffsets]; /* copy of p.offsets: the per-tile expert lookups read it */
 };
-static_assert(kEpiBufs >= 2, "the epilogue writes one buffer while the previous chunk's store reads another");
+static_assert(kEpiBufs >= 1, "the epilogue stages its chunks in shared memory");
 static_assert(sizeof(smem_layout) + 1024 <= 227 * 1024, "shared memory budget of one CTA");
 static_assert((BM * BK * 2) % 1024 == 0 && (BN * BK * 2) % 1024 == 0, "stage buffers keep 1024-byte alignment");
 static_assert(BK * 2 == 128, "one K-block row is one 128-byte swizzle row");
@@ -210,10 +211,10 @@ __device__ __forceinline__ void epi_put_chunk(const epi_stager& e, uint32_t buf,
  * synchronise again (one barrier per chunk). */
 __device__ __forceinline__ bool epi_ready(epi_stager& e) {
     fence_proxy_async_shared();
-    if (e.t == 0) bulk_wait_group_read<kEpiBufs - 2>();
+    if (kEpiBufs >= 2 && e.t == 0) bulk_wait_group_read<(kEpiBufs >= 2 ? kEpiBufs - 2 : 0)>();
     named_barrier_sync(1 + e.wg, 128);
     ++e.chunks;
-    e.next_free = true;
+    e.next_free = kEpiBufs >= 2; /* one buffer: the next epi_acquire waits for this chunk's store */
     return e.t == 0;
 }
 

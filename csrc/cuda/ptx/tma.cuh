@@ -14,20 +14,6 @@ __device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) 
     asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)map) : "memory");
 }
 
-/* Hints that the box at these coordinates will be loaded soon: the TMA unit brings it into the L2
- * (no shared memory, no barrier, no completion to wait for). */
-__device__ __forceinline__ void tma_prefetch_l2_2d(const CUtensorMap* map, int32_t c0, int32_t c1) {
-    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"((uint64_t)map), "r"(c0),
-                 "r"(c1)
-                 : "memory");
-}
-
-__device__ __forceinline__ void tma_prefetch_l2_3d(const CUtensorMap* map, int32_t c0, int32_t c1, int32_t c2) {
-    asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];" ::"l"((uint64_t)map), "r"(c0),
-                 "r"(c1), "r"(c2)
-                 : "memory");
-}
-
 /* Loads the box at coordinates (c0 fastest, ...) into shared memory; completes on bar. */
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0,
                                             int32_t c1) {

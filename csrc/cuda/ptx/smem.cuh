@@ -1,0 +1,27 @@
+/*
+ * Shared-memory loads by 32-bit shared address (sm_90). A struct reached through a pointer cast
+ * from the dynamic shared-memory base loses its address space, and the compiler then emits generic
+ * loads (LD.E); these wrappers emit LDS.
+ */
+#ifndef MOK_CUDA_PTX_SMEM_CUH
+#define MOK_CUDA_PTX_SMEM_CUH
+
+#include <stdint.h>
+
+#include "mbarrier.cuh" /* mok_smem_u32 */
+
+/* NOTE: volatile + memory clobber keep the load after the mbarrier wait that makes the value valid */
+__device__ __forceinline__ float ld_shared_f32(const float* p) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(mok_smem_u32(p)) : "memory");
+    return v;
+}
+
+/* two consecutive floats, 8-byte aligned */
+__device__ __forceinline__ float2 ld_shared_f32x2(const float* p) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(mok_smem_u32(p)) : "memory");
+    return v;
+}
+
+#endif /* MOK_CUDA_PTX_SMEM_CUH */
