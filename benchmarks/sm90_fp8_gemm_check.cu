@@ -14,7 +14,8 @@
  *
  * Compile-time variants: -DMOK_SM90_FP8_BN=192 (tile width), -DMOK_SM90_FP8_OVERLAP=1 (two partial
  * accumulators), -DMOK_SM90_FP8_STAGES=S (ring depth; 6 needs -DMOK_SM90_EPI_BUFS=1),
- * -DMOK_SM90_FP8_LDS_SCALES=0 (generic scale loads), -DMOK_SM90_TIMING (cycles per tile of one
+ * -DMOK_SM90_FP8_LDS_SCALES=0 (generic scale loads), -DMOK_SM90_FP8_SA_MN_MAJOR=1 (A scales [K / 128, R],
+ * one bulk copy per stage; the checker transposes them; not yet run on a GPU), -DMOK_SM90_TIMING (cycles per tile of one
  * consumer thread per CTA: full-stage
  * waits, wgmma drain, FP32 promotion, epilogue; printed after the timed problem; the counters add
  * a few instructions to the mainloop, so time the plain build separately).
@@ -131,7 +132,16 @@ static float time_calls(Launch launch, int iters) {
 /* Runs the kernel; returns ms per call (iters timed calls) and the bf16 output on the host. */
 static float run(const problem& p, int iters, std::vector<uint16_t>* out_host) {
     uint8_t *a = upload(p.a), *b = upload(p.b);
+#if MOK_SM90_FP8_SA_MN_MAJOR
+    /* the experiment's layout: sa [K / 128, R] */
+    std::vector<float> sa_mn(p.sa.size());
+    const int64_t nkb = p.K / 128;
+    for (int64_t r = 0; r < p.R; ++r)
+        for (int64_t kb = 0; kb < nkb; ++kb) sa_mn[kb * p.R + r] = p.sa[r * nkb + kb];
+    float *sa = upload(sa_mn), *sb = upload(p.sb);
+#else
     float *sa = upload(p.sa), *sb = upload(p.sb);
+#endif
     int32_t* offsets = upload(p.offsets);
     void* out;
     CHECK(cudaMalloc(&out, p.R * p.N * 2));

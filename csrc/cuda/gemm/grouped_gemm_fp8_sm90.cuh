@@ -153,6 +153,19 @@ __device__ __forceinline__ void fp8_sched_init(mok_tile_sched* sched, const para
     if (kCluster > 1) mok_sched_per_cluster(sched, kCluster);
 }
 
+/* Experiment (off by default; not yet run on a GPU): MOK_SM90_FP8_SA_MN_MAJOR=1 has the forward take
+ * its A scales MN-major, sa [K / 128, R] (R % 4 == 0), so that a stage's 128 row scales are one
+ * 512-byte bulk copy by the TMA thread instead of 128 four-byte cp.async by the whole producer
+ * warpgroup. Only the standalone checker builds it (the op's quantiser writes sa [R, K / 128]).
+ * Why: v19's skip-the-scales experiment put the scale copies at +4%; v24 ruled out ring depth and
+ * L2 bytes, which leaves the producer's work per stage. */
+#ifndef MOK_SM90_FP8_SA_MN_MAJOR
+#define MOK_SM90_FP8_SA_MN_MAJOR 0
+#endif
+/* the forward's full-barrier arrivals: the TMA thread's expect_tx, plus the cp.async arrivals of
+ * the threads that copy scales (all 128 for row-major A scales; thread 0 alone otherwise) */
+enum { kFwdFullArrivals = MOK_SM90_FP8_SA_MN_MAJOR ? 2 : 1 + 128 };
+
 /* ---- producer: TMA for the tiles, cp.async for the scales (one per thread and K-block) ---- */
 template <int kCluster>
 __device__ __forceinline__ void produce(smem_layout& s, const params& p, const CUtensorMap* tma_a,
@@ -178,14 +191,20 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
         const float* sb_tile0 = p.sb + ((int64_t)e * n_blocks + blk0) * p.num_kb;
         const float* sb_tile1 = p.sb + ((int64_t)e * n_blocks + blk1) * p.num_kb;
         const int32_t n0 = (int32_t)(tile.n_tile * BN);
+        /* MN-major A scales: the tile's rows below R (a pair's dummy tile past R copies none) */
+        const uint32_t sa_bytes = tile.m0 < p.R ? (uint32_t)((p.R - tile.m0 < BM ? p.R - tile.m0 : BM) * 4) : 0u;
+        if (MOK_SM90_FP8_SA_MN_MAJOR && tid != 0) continue;
         for (int64_t kb = 0; kb < p.num_kb; ++kb) {
             /* (a pair: both CTAs' consumers have released the stage, so the peer's half of B may land) */
             mbarrier_wait_parity(&s.empty[stage], phase ^ 1);
             const int32_t k0 = (int32_t)(kb * BK);
             if (tid == 0) {
                 /* a shared stage: this CTA's half of B and the peer's land here too, 32 KiB in all */
-                mbarrier_arrive_expect_tx(&s.full[stage], STAGE_A_BYTES + STAGE_B_BYTES);
+                mbarrier_arrive_expect_tx(&s.full[stage],
+                                          STAGE_A_BYTES + STAGE_B_BYTES + (MOK_SM90_FP8_SA_MN_MAJOR ? sa_bytes : 0u));
                 tma_load_2d(&s.a[stage][0], tma_a, &s.full[stage], k0, (int32_t)tile.m0);
+                if (MOK_SM90_FP8_SA_MN_MAJOR && sa_bytes > 0)
+                    bulk_load(&s.sa[stage][0], p.sa + kb * p.R + tile.m0, sa_bytes, &s.full[stage]);
                 if (kCluster > 1 && j.shared) {
                     tma_load_3d_multicast(&s.b[stage][rank * (BN / 2) * BK], tma_b_half, &s.full[stage], 0x3, k0,
                                           n0 + (int32_t)rank * (BN / 2), e);
@@ -194,9 +213,10 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
                 }
                 cp_async_4(&s.sb[stage][0], sb_tile0 + kb, 4u);
             }
-            if (BN > SCALE_BLOCK && tid == 1) cp_async_4(&s.sb[stage][1], sb_tile1 + kb, 4u);
+            if (BN > SCALE_BLOCK && tid == (MOK_SM90_FP8_SA_MN_MAJOR ? 0 : 1)) cp_async_4(&s.sb[stage][1], sb_tile1 + kb, 4u);
             /* rows past R: a zero scale (their A rows are zero-filled by TMA anyway) */
-            if (!MOK_SM90_FP8_SKIP_SCALE_LOADS) cp_async_4(&s.sa[stage][tid], row_ok ? sa_row + kb : p.sa, row_ok ? 4u : 0u);
+            if (!MOK_SM90_FP8_SKIP_SCALE_LOADS && !MOK_SM90_FP8_SA_MN_MAJOR)
+                cp_async_4(&s.sa[stage][tid], row_ok ? sa_row + kb : p.sa, row_ok ? 4u : 0u);
             cp_async_mbarrier_arrive_noinc(&s.full[stage]);
             if (++stage == kStages) {
                 stage = 0;
@@ -566,7 +586,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < kStages; ++i) {
             /* the TMA thread's expect_tx, + 128 cp.async arrivals for the forward's row scales (the
              * weight gradient's scales come by bulk copy, counted in the expect_tx) */
-            mbarrier_init(&s.full[i], kWgrad ? 1 : 1 + 128);
+            mbarrier_init(&s.full[i], kWgrad ? 1 : kFwdFullArrivals);
             mbarrier_init(&s.empty[i], 8 * kCluster); /* every consumer warp of the cluster */
         }
         fence_mbarrier_init();
