@@ -202,6 +202,25 @@ def test_cuda_matches_cpu_op(_fresh_seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T,top_k,E,N,K,routing", CASES + [
+    pytest.param(200, 2, 3, 256, 256, "zipf", id="odd-tile-count"),
+])
+def test_cuda_cluster_pairs_are_bitwise_single_ctas(monkeypatch, T, top_k, E, N, K, routing, _fresh_seed):
+    # MOK_SM90_FP8_CLUSTER=2 runs the forward as CTA pairs that share B by TMA multicast (off by
+    # default, read on every call). A tile's K-blocks are promoted in the same order either way, so
+    # the outputs must agree bit for bit: pairs of one expert, of two, a pair whose second tile is
+    # past the plan (dummy mainloop) or past R, and rows outside the plan (zeros).
+    a_q, a_s, b_q, b_s, plan = make_operands(T, top_k, E, N, K, routing, "cuda")
+    monkeypatch.setenv("MOK_SM90_FP8_CLUSTER", "1")
+    single = run_op(a_q, a_s, b_q, b_s, plan.offsets)
+    monkeypatch.setenv("MOK_SM90_FP8_CLUSTER", "2")
+    pairs = run_op(a_q, a_s, b_q, b_s, plan.offsets)
+    assert torch.equal(single, pairs)
+    ref = reference.grouped_mm_fp8_blockwise(a_q.cpu(), a_s.cpu(), b_q.cpu(), b_s.cpu(), plan.offsets.cpu())
+    assert rel_err(pairs.cpu(), ref) < TOL, f"seed {_fresh_seed}"
+
+
+@pytest.mark.gpu
 def test_cuda_misaligned_offsets_raise():
     mok.check_errors(synchronize=True)  # nothing stale
     a_q, a_s = mok.fp8.quantize(torch.randn(256, 128, device="cuda"), "blockwise_1x128")

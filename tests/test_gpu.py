@@ -142,8 +142,8 @@ def test_wgrad_sm90_matches_reference(tile, gather):
 @pytest.mark.parametrize("shape", [(700, 256, 192, 8, 2), (301, 128, 72, 16, 4), (1, 64, 64, 4, 1)],
                          ids=["odd-pairs", "small-experts", "one-token"])
 def test_sm90_cluster_pairs_are_bitwise_single_ctas(monkeypatch, tile, shape):
-    # The sm_90a GEMMs run CTA pairs that share B by TMA multicast (MOK_SM90_CLUSTER=2, default) or
-    # single CTAs (=1). Each output is the same K-ordered wgmma chain either way, so every kernel
+    # The sm_90a GEMMs run CTA pairs that share B by TMA multicast (MOK_SM90_CLUSTER=2, opt-in) or
+    # single CTAs (=1, default). Each output is the same K-ordered wgmma chain either way, so every kernel
     # variant must agree bit for bit, including pairs whose tiles hold different experts, several
     # segments (unaligned plans), or no rows at all.
     from mok._ops import ops
