@@ -228,15 +228,31 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
 
 /* ---- consumers ---- */
 
+/* Experiment (off by default; not yet run on a GPU): MOK_SM90_FP8_UNIFORM_DESC=1 makes the consumer's
+ * warpgroup index warp-uniform for ptxas (a shuffle from lane 0), so the A descriptors are computed
+ * in uniform registers (no R2UR), and builds each K step's descriptor as the K-block's plus a
+ * constant (the start-address field is addr >> 4, and addr + 96 stays below 2^18). Same
+ * descriptors, bit for bit; the SASS from the full-barrier wait to the drain goes from 76 to about
+ * 50 instructions per K-block. Why: DeepGEMM's identical mainloop has constant descriptor offsets,
+ * and the instructions between the drain and the next K-block's first wgmma are time the two
+ * warpgroups may both spend with the tensor cores idle (performance log v24). */
+#ifndef MOK_SM90_FP8_UNIFORM_DESC
+#define MOK_SM90_FP8_UNIFORM_DESC 0
+#endif
+
 /* Issues the wgmma of one K-block (4 steps of k32) into part, as one commit group. */
 __device__ __forceinline__ void mma_kblock(float (&part)[BN / 2], uint32_t a_addr, uint32_t b_addr) {
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) wgmma_fence_operand(part[i]);
     wgmma_fence();
+    const uint64_t da0 = wgmma_desc_kmajor_sw128(a_addr), db0 = wgmma_desc_kmajor_sw128(b_addr);
 #pragma unroll
     for (int k32 = 0; k32 < BK / 32; ++k32) {
         /* NOTE: a K step of 32 FP8 values is 32 bytes inside the 128-byte swizzled row */
-        const uint64_t da = wgmma_desc_kmajor_sw128(a_addr + k32 * 32), db = wgmma_desc_kmajor_sw128(b_addr + k32 * 32);
+        const uint64_t da = MOK_SM90_FP8_UNIFORM_DESC ? da0 + (uint64_t)(k32 * 32 >> 4)
+                                                      : wgmma_desc_kmajor_sw128(a_addr + k32 * 32);
+        const uint64_t db = MOK_SM90_FP8_UNIFORM_DESC ? db0 + (uint64_t)(k32 * 32 >> 4)
+                                                      : wgmma_desc_kmajor_sw128(b_addr + k32 * 32);
         if (BN == 128) wgmma_m64n128k32_f32_e4m3(part, da, db, k32 > 0 ? 1 : 0);
         else wgmma_m64n192k32_f32_e4m3(part, da, db, k32 > 0 ? 1 : 0);
     }
@@ -325,7 +341,9 @@ __device__ __forceinline__ void release_stage(smem_layout& s, uint32_t stage) {
 template <int kCluster>
 __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used,
                                         const CUtensorMap* tma_out) {
-    const int wg = (threadIdx.x / 128) - 1;
+    /* (MOK_SM90_FP8_UNIFORM_DESC: warp-uniform in ptxas's eyes, see mma_kblock) */
+    const int wg = (MOK_SM90_FP8_UNIFORM_DESC ? __shfl_sync(0xFFFFFFFFu, (int)(threadIdx.x / 128), 0)
+                                              : (int)(threadIdx.x / 128)) - 1;
     const int t = threadIdx.x & 127;
     const int warp = t >> 5, lane = t & 31;
     const int r_lo = wg * 64 + warp * 16 + (lane >> 2); /* this thread's rows: r_lo, r_lo + 8 */
