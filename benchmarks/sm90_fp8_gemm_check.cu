@@ -12,14 +12,14 @@
  *
  * MOK_SM90_FP8_CLUSTER=2 in the environment runs the forward as 2-CTA pairs sharing B (multicast).
  *
- * Compile-time variants: -DMOK_SM90_FP8_BN=192 (tile width), -DMOK_SM90_FP8_OVERLAP=1 (two partial
- * accumulators), -DMOK_SM90_FP8_STAGES=S (ring depth; 6 needs -DMOK_SM90_EPI_BUFS=1),
- * -DMOK_SM90_FP8_LDS_SCALES=0 (generic scale loads), -DMOK_SM90_FP8_SA_MN_MAJOR=1 (A scales [K / 128, R],
- * one bulk copy per stage; the checker transposes them; not yet run on a GPU),
- * -DMOK_SM90_FP8_UNIFORM_DESC=1 (descriptors in uniform registers, constant K steps; not yet run), -DMOK_SM90_TIMING (cycles per tile of one
- * consumer thread per CTA: full-stage
- * waits, wgmma drain, FP32 promotion, epilogue; printed after the timed problem; the counters add
- * a few instructions to the mainloop, so time the plain build separately).
+ * Compile-time variants: -DMOK_SM90_FP8_BN=192 (tile width), -DMOK_SM90_FP8_STAGES=S (ring depth;
+ * 6 needs -DMOK_SM90_EPI_BUFS=1), -DMOK_SM90_FP8_SA_MN_MAJOR=1 (A scales [K / 128, R], one bulk copy
+ * per stage; the checker transposes them; not yet run on a GPU), -DMOK_SM90_FP8_UNIFORM_DESC=1
+ * (descriptors in uniform registers, constant K steps; not yet run), -DMOK_SM90_FP8_SKIP_SCALE_LOADS=1
+ * (no scale copies: wrong results, a timing bound), -DMOK_SM90_TIMING (cycles per tile of one
+ * consumer thread per CTA: full-stage waits, wgmma drain, FP32 promotion, epilogue; printed after
+ * the timed problem; the counters add a few instructions to the mainloop, so time the plain build
+ * separately).
  */
 #include <cuda.h>
 #include <cuda_runtime.h>

@@ -291,39 +291,15 @@ struct ring_pos {
     }
 };
 
-/* MOK_SM90_FP8_OVERLAP=1: two partial accumulators, so that K-block kb + 1 runs on the tensor
- * cores while kb is promoted on the CUDA cores (wait_group 1 instead of 0). Default 0: one partial
- * accumulator, promotion after each K-block's wgmma has drained. Measured on the H200 (standalone
- * checker): slower every time. v16 (scales read from the stage at promotion): 914 against 974
- * TFLOP/s on DeepSeek-V3 GEMM1; v24 (with early release, each K-block's scales in registers): 994
- * against 1051, 976 against 1040 on Mixtral GEMM1. The two consumer warpgroups already overlap
- * each other's promotion (docs/performance-log.md, v16, v24). */
-#ifndef MOK_SM90_FP8_OVERLAP
-#define MOK_SM90_FP8_OVERLAP 0
-#endif
-static_assert(!(MOK_SM90_FP8_OVERLAP && BN > 128), "two partial accumulators of 96 and the final one do not fit");
-
-/* MOK_SM90_FP8_EARLY_RELEASE=1 (default): a K-block's scales are read into registers before its
- * wgmma, so the stage goes back to the producer as soon as the wgmma has drained, before the
- * promotion (DeepGEMM's order); 0: the promotion reads the scales from the stage, then releases it.
- * Measured on the H200 (standalone checker): 1008 -> 1047 TFLOP/s on DeepSeek-V3 GEMM1, 998 -> 1063
- * on Mixtral GEMM1 (docs/performance-log.md, v19). With one partial accumulator only. */
-#ifndef MOK_SM90_FP8_EARLY_RELEASE
-#define MOK_SM90_FP8_EARLY_RELEASE 1
-#endif
-
-/* MOK_SM90_FP8_LDS_SCALES=1 (default): the consumers read a stage's scales with ld.shared (LDS);
- * 0: plain C++ reads, which ptxas turned into generic loads (LD.E) because the layout is reached
- * through a cast pointer (kept to measure the difference). */
-#ifndef MOK_SM90_FP8_LDS_SCALES
-#define MOK_SM90_FP8_LDS_SCALES 1
-#endif
-__device__ __forceinline__ float ld_scale(const float* p) {
-    return MOK_SM90_FP8_LDS_SCALES ? ld_shared_f32(p) : *p;
-}
-__device__ __forceinline__ float2 ld_scale2(const float* p) {
-    return MOK_SM90_FP8_LDS_SCALES ? ld_shared_f32x2(p) : *reinterpret_cast<const float2*>(p);
-}
+/* The stage goes back to the producer as soon as its wgmma has drained, before the promotion
+ * (DeepGEMM's order): the K-block's scales are read into registers before its wgmma. Measured on
+ * the H200 (standalone checker, v19): 1008 -> 1047 TFLOP/s on DeepSeek-V3 GEMM1, 998 -> 1063 on
+ * Mixtral GEMM1 against promoting from the stage and releasing it afterwards.
+ * The scales are read with ld.shared: the layout is reached through a cast pointer, and plain C++
+ * reads compiled to generic loads (LD.E); +1-2% forward, +7-9% weight gradient (v24).
+ * (Tried and removed, slower both times: two partial accumulators, so that K-block kb + 1 runs on
+ * the tensor cores while kb is promoted: 914 against 974 TFLOP/s in v16, 994 against 1051 with
+ * early release in v24. The two consumer warpgroups already overlap each other's promotion.) */
 
 /* The scales of one K-block in flight, read from its stage before its wgmma (early release). */
 struct kblock_scales {
@@ -348,45 +324,28 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
     const int warp = t >> 5, lane = t & 31;
     const int r_lo = wg * 64 + warp * 16 + (lane >> 2); /* this thread's rows: r_lo, r_lo + 8 */
     ring_pos pos;
-#if MOK_SM90_FP8_OVERLAP
-    float part0[BN / 2], part1[BN / 2], acc[BN / 2];
-#else
-    float part0[BN / 2], acc[BN / 2];
-#endif
+    float part[BN / 2], acc[BN / 2];
     epi_stager epi = mok_sm90::make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t);
     const uint32_t a_base = mok_smem_u32(&s.a[0][wg * 64 * BK]), b_base = mok_smem_u32(&s.b[0][0]);
-    /* early release: the scales of each K-block in flight (two with the overlap), one set per
-     * partial accumulator so that both keep static register indices */
-    kblock_scales sc0;
-#if MOK_SM90_FP8_OVERLAP
-    kblock_scales sc1;
-#endif
+    kblock_scales sc; /* the scales of the K-block in flight */
     /* issue K-block wgmma for the stage at pos (after its bytes have landed) */
-    auto issue = [&](float (&part)[BN / 2], kblock_scales& sc, const ring_pos& at) {
+    auto issue = [&](const ring_pos& at) {
         const long long t_wait = MOK_TIMING_NOW();
         mbarrier_wait_parity(&s.full[at.stage], at.phase);
         MOK_TIMING_ADD(mok_sm90::TIMING_FULL_WAIT, t_wait);
-        if (MOK_SM90_FP8_EARLY_RELEASE) {
-            sc.sa0 = ld_scale(&s.sa[at.stage][r_lo]);
-            sc.sa1 = ld_scale(&s.sa[at.stage][r_lo + 8]);
-            sc.sb0 = ld_scale(&s.sb[at.stage][0]);
-            sc.sb1 = BN > SCALE_BLOCK ? ld_scale(&s.sb[at.stage][1]) : 0.f;
-        }
+        sc.sa0 = ld_shared_f32(&s.sa[at.stage][r_lo]);
+        sc.sa1 = ld_shared_f32(&s.sa[at.stage][r_lo + 8]);
+        sc.sb0 = ld_shared_f32(&s.sb[at.stage][0]);
+        sc.sb1 = BN > SCALE_BLOCK ? ld_shared_f32(&s.sb[at.stage][1]) : 0.f;
         mma_kblock(part, a_base + at.stage * STAGE_A_BYTES, b_base + at.stage * STAGE_B_BYTES);
     };
-    /* promote the finished K-block of the stage at pos and hand the stage back (one arrival per
-     * consumer warp: its tiles and scales are read) */
+    /* hand the stage at pos back (one arrival per consumer warp: its tiles are read) and promote the
+     * finished K-block */
     int split = SCALE_BLOCK; /* the tile's columns [0, split) are in its first B scale block */
-    auto retire = [&](float (&part)[BN / 2], const kblock_scales& sc, const ring_pos& at) {
+    auto retire = [&](const ring_pos& at) {
         const long long t_promote = MOK_TIMING_NOW();
-        if (MOK_SM90_FP8_EARLY_RELEASE) {
-            if (lane == 0) release_stage<kCluster>(s, at.stage);
-            promote(acc, part, sc.sa0, sc.sa1, sc.sb0, sc.sb1, split);
-        } else {
-            promote(acc, part, s.sa[at.stage][r_lo], s.sa[at.stage][r_lo + 8], s.sb[at.stage][0],
-                    BN > SCALE_BLOCK ? s.sb[at.stage][1] : 0.f, split);
-            if (lane == 0) release_stage<kCluster>(s, at.stage);
-        }
+        if (lane == 0) release_stage<kCluster>(s, at.stage);
+        promote(acc, part, sc.sa0, sc.sa1, sc.sb0, sc.sb1, split);
         MOK_TIMING_ADD(mok_sm90::TIMING_PROMOTE, t_promote);
     };
 
@@ -405,51 +364,17 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
         /* NOTE: a value that ptxas sees as warp-uniform (a shuffle from lane 0): branches on it around
          * the wgmma stay non-divergent, otherwise ptxas serialises every wgmma (C7518) */
         const int nkb = __shfl_sync(0xFFFFFFFFu, job.active ? (int)p.num_kb : 0, 0);
-#if MOK_SM90_FP8_OVERLAP
-        /* K-blocks in pairs (part0: even, part1: odd) so both arrays keep static register indices.
-         * NOTE: every way out of the loop passes a wait_group 0, and the loop is entered only after
-         * the first issue: ptxas must see no wgmma in flight where the next tile fences part0. */
-        if (nkb > 0) {
-            issue(part0, sc0, pos);
-            for (int kb = 0;; kb += 2) {
-                ring_pos next = pos;
-                next.advance();
-                if (kb + 1 >= nkb) {
-                    wgmma_wait_group<0>();
-                    retire(part0, sc0, pos);
-                    pos = next;
-                    break;
-                }
-                issue(part1, sc1, next);
-                wgmma_wait_group<1>();
-                retire(part0, sc0, pos);
-                ring_pos after = next;
-                after.advance();
-                if (kb + 2 >= nkb) {
-                    wgmma_wait_group<0>();
-                    retire(part1, sc1, next);
-                    pos = after;
-                    break;
-                }
-                issue(part0, sc0, after);
-                wgmma_wait_group<1>();
-                retire(part1, sc1, next);
-                pos = after;
-            }
-        }
-#else
         const long long t_main = MOK_TIMING_NOW();
         for (int kb = 0; kb < nkb; ++kb) {
-            issue(part0, sc0, pos);
+            issue(pos);
             const long long t_drain = MOK_TIMING_NOW();
             wgmma_wait_group<0>();
             MOK_TIMING_ADD(mok_sm90::TIMING_DRAIN, t_drain);
-            retire(part0, sc0, pos);
+            retire(pos);
             pos.advance();
         }
         MOK_TIMING_ADD(mok_sm90::TIMING_MAINLOOP, t_main);
         if (nkb > 0) MOK_TIMING_COUNT(mok_sm90::TIMING_TILES);
-#endif
         if (!job.compute) {
 #pragma unroll
             for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f; /* a dummy pass's sums are not this tile's */
@@ -529,7 +454,7 @@ __device__ __forceinline__ void promote_cols(float (&acc)[BN / 2], float (&part)
     for (int i = 0; i < BN / 2; ++i) wgmma_fence_operand(part[i]);
 #pragma unroll
     for (int i = 0; i < BN / 2; i += 4) {
-        const float2 sb = ld_scale2(sb_cols + 2 * i + 2 * (lane & 3));
+        const float2 sb = ld_shared_f32x2(sb_cols + 2 * i + 2 * (lane & 3));
         acc[i] = fmaf(part[i], sa0 * sb.x, acc[i]);
         acc[i + 1] = fmaf(part[i + 1], sa0 * sb.y, acc[i + 1]);
         acc[i + 2] = fmaf(part[i + 2], sa1 * sb.x, acc[i + 2]);
@@ -564,7 +489,7 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
             /* the tiles are read: release the stage before the promotion (its scales stay, see wsa) */
             if (lane == 0) mbarrier_arrive(&s.empty[pos.stage]);
             const float* sa = &s.wsa[pos.phase][pos.stage][0];
-            promote_cols(acc, part, ld_scale(&sa[r_lo]), ld_scale(&sa[r_lo + 8]), &s.wsb[pos.phase][pos.stage][0], lane);
+            promote_cols(acc, part, ld_shared_f32(&sa[r_lo]), ld_shared_f32(&sa[r_lo + 8]), &s.wsb[pos.phase][pos.stage][0], lane);
             pos.advance();
         }
         /* ---- epilogue: out[e, m, n] in [64 x 64] chunks through the [E, M, N] map ---- */
