@@ -153,18 +153,11 @@ __device__ __forceinline__ void fp8_sched_init(mok_tile_sched* sched, const para
     if (kCluster > 1) mok_sched_per_cluster(sched, kCluster);
 }
 
-/* Experiment (off by default; not yet run on a GPU): MOK_SM90_FP8_SA_MN_MAJOR=1 has the forward take
- * its A scales MN-major, sa [K / 128, R] (R % 4 == 0), so that a stage's 128 row scales are one
- * 512-byte bulk copy by the TMA thread instead of 128 four-byte cp.async by the whole producer
- * warpgroup. Only the standalone checker builds it (the op's quantiser writes sa [R, K / 128]).
- * Why: v19's skip-the-scales experiment put the scale copies at +4%; v24 ruled out ring depth and
- * L2 bytes, which leaves the producer's work per stage. */
-#ifndef MOK_SM90_FP8_SA_MN_MAJOR
-#define MOK_SM90_FP8_SA_MN_MAJOR 0
-#endif
+/* (Measured and removed, v25: the A scales MN-major, a stage's 128 row scales as one bulk copy by the
+ * TMA thread instead of 128 four-byte cp.async: 1-3% slower.) */
 /* the forward's full-barrier arrivals: the TMA thread's expect_tx, plus the cp.async arrivals of
- * the threads that copy scales (all 128 for row-major A scales; thread 0 alone otherwise) */
-enum { kFwdFullArrivals = MOK_SM90_FP8_SA_MN_MAJOR ? 2 : 1 + 128 };
+ * the 128 threads that copy the row scales */
+enum { kFwdFullArrivals = 1 + 128 };
 
 /* ---- producer: TMA for the tiles, cp.async for the scales (one per thread and K-block) ---- */
 template <int kCluster>
@@ -191,20 +184,14 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
         const float* sb_tile0 = p.sb + ((int64_t)e * n_blocks + blk0) * p.num_kb;
         const float* sb_tile1 = p.sb + ((int64_t)e * n_blocks + blk1) * p.num_kb;
         const int32_t n0 = (int32_t)(tile.n_tile * BN);
-        /* MN-major A scales: the tile's rows below R (a pair's dummy tile past R copies none) */
-        const uint32_t sa_bytes = tile.m0 < p.R ? (uint32_t)((p.R - tile.m0 < BM ? p.R - tile.m0 : BM) * 4) : 0u;
-        if (MOK_SM90_FP8_SA_MN_MAJOR && tid != 0) continue;
         for (int64_t kb = 0; kb < p.num_kb; ++kb) {
             /* (a pair: both CTAs' consumers have released the stage, so the peer's half of B may land) */
             mbarrier_wait_parity(&s.empty[stage], phase ^ 1);
             const int32_t k0 = (int32_t)(kb * BK);
             if (tid == 0) {
                 /* a shared stage: this CTA's half of B and the peer's land here too, 32 KiB in all */
-                mbarrier_arrive_expect_tx(&s.full[stage],
-                                          STAGE_A_BYTES + STAGE_B_BYTES + (MOK_SM90_FP8_SA_MN_MAJOR ? sa_bytes : 0u));
+                mbarrier_arrive_expect_tx(&s.full[stage], STAGE_A_BYTES + STAGE_B_BYTES);
                 tma_load_2d(&s.a[stage][0], tma_a, &s.full[stage], k0, (int32_t)tile.m0);
-                if (MOK_SM90_FP8_SA_MN_MAJOR && sa_bytes > 0)
-                    bulk_load(&s.sa[stage][0], p.sa + kb * p.R + tile.m0, sa_bytes, &s.full[stage]);
                 if (kCluster > 1 && j.shared) {
                     tma_load_3d_multicast(&s.b[stage][rank * (BN / 2) * BK], tma_b_half, &s.full[stage], 0x3, k0,
                                           n0 + (int32_t)rank * (BN / 2), e);
@@ -213,9 +200,9 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
                 }
                 cp_async_4(&s.sb[stage][0], sb_tile0 + kb, 4u);
             }
-            if (BN > SCALE_BLOCK && tid == (MOK_SM90_FP8_SA_MN_MAJOR ? 0 : 1)) cp_async_4(&s.sb[stage][1], sb_tile1 + kb, 4u);
+            if (BN > SCALE_BLOCK && tid == 1) cp_async_4(&s.sb[stage][1], sb_tile1 + kb, 4u);
             /* rows past R: a zero scale (their A rows are zero-filled by TMA anyway) */
-            if (!MOK_SM90_FP8_SKIP_SCALE_LOADS && !MOK_SM90_FP8_SA_MN_MAJOR)
+            if (!MOK_SM90_FP8_SKIP_SCALE_LOADS)
                 cp_async_4(&s.sa[stage][tid], row_ok ? sa_row + kb : p.sa, row_ok ? 4u : 0u);
             cp_async_mbarrier_arrive_noinc(&s.full[stage]);
             if (++stage == kStages) {
@@ -228,33 +215,39 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
 
 /* ---- consumers ---- */
 
-/* Experiment (off by default; not yet run on a GPU): MOK_SM90_FP8_UNIFORM_DESC=1 makes the consumer's
- * warpgroup index warp-uniform for ptxas (a shuffle from lane 0), so the A descriptors are computed
- * in uniform registers (no R2UR), and builds each K step's descriptor as the K-block's plus a
- * constant (the start-address field is addr >> 4, and addr + 96 stays below 2^18). Same
- * descriptors, bit for bit; the SASS from the full-barrier wait to the drain goes from 76 to 38
- * instructions per K-block. Why: DeepGEMM's identical mainloop has constant descriptor offsets,
- * and the instructions between the drain and the next K-block's first wgmma are time the two
- * warpgroups may both spend with the tensor cores idle (performance log v24). */
-#ifndef MOK_SM90_FP8_UNIFORM_DESC
-#define MOK_SM90_FP8_UNIFORM_DESC 0
+/* Timing bound only (WRONG results): MOK_SM90_FP8_NO_PROMOTE=1 accumulates every K-block straight
+ * into acc (no FP32 promotion, still one wait_group 0 per K-block); =2 also keeps one K-block's wgmma
+ * in flight (wait_group 1, the BF16 kernel's pipeline). Why: torch's row-wise FP8 kernel, which does
+ * neither, runs 19% more TFLOP/s per GHz on the same problems (v25); this says how much of that is
+ * the promotion and how much the drain per K-block. */
+#ifndef MOK_SM90_FP8_NO_PROMOTE
+#define MOK_SM90_FP8_NO_PROMOTE 0
 #endif
 
-/* Issues the wgmma of one K-block (4 steps of k32) into part, as one commit group. */
-__device__ __forceinline__ void mma_kblock(float (&part)[BN / 2], uint32_t a_addr, uint32_t b_addr) {
+/* The consumer warpgroup's index (0, 1), warp-uniform for ptxas (a shuffle from lane 0): the A
+ * descriptors derived from it then live in uniform registers (no R2UR per wgmma). */
+__device__ __forceinline__ int consumer_wg() { return __shfl_sync(0xFFFFFFFFu, (int)(threadIdx.x / 128), 0) - 1; }
+
+/* Issues the wgmma of one K-block (4 steps of k32) into part, as one commit group; accumulate = 0
+ * starts part from zero.
+ * Each K step's descriptor is the K-block's plus a constant: a step of 32 FP8 values is 32 bytes
+ * inside the 128-byte swizzled row, and the start-address field is addr >> 4 (addr + 96 stays below
+ * 2^18, so no carry leaves the field). Same descriptors as building each from its address; with the
+ * warp-uniform warpgroup index, 76 -> 38 SASS instructions from the full-barrier wait to the drain,
+ * +1.5-2% (v25). */
+template <bool kFenceOperands = true>
+__device__ __forceinline__ void mma_kblock(float (&part)[BN / 2], uint32_t a_addr, uint32_t b_addr, int accumulate = 0) {
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) wgmma_fence_operand(part[i]);
+    for (int i = 0; i < BN / 2; ++i)
+        if (kFenceOperands) wgmma_fence_operand(part[i]);
     wgmma_fence();
     const uint64_t da0 = wgmma_desc_kmajor_sw128(a_addr), db0 = wgmma_desc_kmajor_sw128(b_addr);
 #pragma unroll
     for (int k32 = 0; k32 < BK / 32; ++k32) {
-        /* NOTE: a K step of 32 FP8 values is 32 bytes inside the 128-byte swizzled row */
-        const uint64_t da = MOK_SM90_FP8_UNIFORM_DESC ? da0 + (uint64_t)(k32 * 32 >> 4)
-                                                      : wgmma_desc_kmajor_sw128(a_addr + k32 * 32);
-        const uint64_t db = MOK_SM90_FP8_UNIFORM_DESC ? db0 + (uint64_t)(k32 * 32 >> 4)
-                                                      : wgmma_desc_kmajor_sw128(b_addr + k32 * 32);
-        if (BN == 128) wgmma_m64n128k32_f32_e4m3(part, da, db, k32 > 0 ? 1 : 0);
-        else wgmma_m64n192k32_f32_e4m3(part, da, db, k32 > 0 ? 1 : 0);
+        const uint64_t da = da0 + (uint64_t)(k32 * 32 >> 4), db = db0 + (uint64_t)(k32 * 32 >> 4);
+        const int scale_d = k32 > 0 ? 1 : accumulate;
+        if (BN == 128) wgmma_m64n128k32_f32_e4m3(part, da, db, scale_d);
+        else wgmma_m64n192k32_f32_e4m3(part, da, db, scale_d);
     }
     wgmma_commit_group();
 }
@@ -317,9 +310,7 @@ __device__ __forceinline__ void release_stage(smem_layout& s, uint32_t stage) {
 template <int kCluster>
 __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used,
                                         const CUtensorMap* tma_out) {
-    /* (MOK_SM90_FP8_UNIFORM_DESC: warp-uniform in ptxas's eyes, see mma_kblock) */
-    const int wg = (MOK_SM90_FP8_UNIFORM_DESC ? __shfl_sync(0xFFFFFFFFu, (int)(threadIdx.x / 128), 0)
-                                              : (int)(threadIdx.x / 128)) - 1;
+    const int wg = consumer_wg();
     const int t = threadIdx.x & 127;
     const int warp = t >> 5, lane = t & 31;
     const int r_lo = wg * 64 + warp * 16 + (lane >> 2); /* this thread's rows: r_lo, r_lo + 8 */
@@ -365,7 +356,29 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
          * the wgmma stay non-divergent, otherwise ptxas serialises every wgmma (C7518) */
         const int nkb = __shfl_sync(0xFFFFFFFFu, job.active ? (int)p.num_kb : 0, 0);
         const long long t_main = MOK_TIMING_NOW();
-        for (int kb = 0; kb < nkb; ++kb) {
+        if (MOK_SM90_FP8_NO_PROMOTE) { /* the timing bound: see its switch */
+            ring_pos prev = pos;
+            for (int kb = 0; kb < nkb; ++kb) {
+                mbarrier_wait_parity(&s.full[pos.stage], pos.phase);
+                /* (no operand fence while a group is in flight: it would read the accumulators) */
+                mma_kblock<MOK_SM90_FP8_NO_PROMOTE == 1>(acc, a_base + pos.stage * STAGE_A_BYTES,
+                                                         b_base + pos.stage * STAGE_B_BYTES, kb > 0);
+                if (MOK_SM90_FP8_NO_PROMOTE == 1) {
+                    wgmma_wait_group<0>();
+                    if (lane == 0) release_stage<kCluster>(s, pos.stage);
+                } else {
+                    wgmma_wait_group<1>();
+                    if (kb > 0 && lane == 0) release_stage<kCluster>(s, prev.stage);
+                }
+                prev = pos;
+                pos.advance();
+            }
+            if (MOK_SM90_FP8_NO_PROMOTE != 1) {
+                wgmma_wait_group<0>();
+                if (nkb > 0 && lane == 0) release_stage<kCluster>(s, prev.stage);
+            }
+        }
+        for (int kb = 0; kb < (MOK_SM90_FP8_NO_PROMOTE ? 0 : nkb); ++kb) {
             issue(pos);
             const long long t_drain = MOK_TIMING_NOW();
             wgmma_wait_group<0>();
@@ -463,7 +476,7 @@ __device__ __forceinline__ void promote_cols(float (&acc)[BN / 2], float (&part)
 }
 
 __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_out) {
-    const int wg = (threadIdx.x / 128) - 1;
+    const int wg = consumer_wg();
     const int t = threadIdx.x & 127;
     const int warp = t >> 5, lane = t & 31;
     const int r_lo = wg * 64 + warp * 16 + (lane >> 2); /* this thread's rows: r_lo, r_lo + 8 */
