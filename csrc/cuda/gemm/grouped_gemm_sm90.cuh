@@ -110,6 +110,31 @@ enum {
     kSmemOffsets = 384,                   /* plan offsets kept in shared memory when E + 1 <= this */
 };
 
+/* Experiment, off by default: epilogue stores by a warp of the producer warpgroup
+ * (MOK_SM90_EPI_STORE_WARP=1). A consumer warpgroup stages a chunk, posts its store here and goes
+ * on; store warp 1 + wg issues the TMA store and hands the buffer back once the store has read it.
+ * Why it was tried: a plain Qwen3 tile staged without TMA stores runs 10% faster (v25). Measured:
+ * exact (394 GPU tests), but within +-1.6% of thread-0 stores on five shapes: the consumers' time
+ * is not in issuing the stores but in waiting, two chunks later, for the TMA unit to have read the
+ * buffer (the unit also carries the producer's loads). Kept as the hand-off a fully staged tile
+ * would need. Not for gather-on-load (the whole producer warpgroup copies A). */
+#ifndef MOK_SM90_EPI_STORE_WARP
+#define MOK_SM90_EPI_STORE_WARP 0
+#endif
+
+/* One posted store: the map (NULL: the warpgroup is done) and the box coordinates. */
+struct epi_job {
+    const CUtensorMap* map;
+    int32_t c0, c1, c2;
+};
+
+/* The hand-off of one consumer warpgroup's kEpiBufs buffers to its store warp. */
+struct epi_handoff {
+    uint64_t posted[kEpiBufs]; /* chunk staged and its job written: one arrival per consumer warp */
+    uint64_t read[kEpiBufs];   /* the chunk's store has read the buffer: one arrival (the store warp) */
+    epi_job job[kEpiBufs];
+};
+
 /* Shared memory of one CTA; the tile buffers come first so each is 1024-byte aligned (128B swizzle). */
 struct smem_layout {
     __nv_bfloat16 a[kStages][BM * BK];
@@ -118,6 +143,7 @@ struct smem_layout {
     uint64_t full[kStages];
     uint64_t empty[kStages];
     int32_t offsets[kSmemOffsets]; /* copy of p.offsets: the per-tile expert lookups read it */
+    epi_handoff hand[2]; /* [consumer warpgroup], with MOK_SM90_EPI_STORE_WARP */
 };
 static_assert(kEpiBufs >= 1, "the epilogue stages its chunks in shared memory");
 static_assert(sizeof(smem_layout) + 1024 <= 227 * 1024, "shared memory budget of one CTA");
@@ -148,6 +174,14 @@ __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* p, float x, float y)
     *reinterpret_cast<__nv_bfloat162*>(p) = v;
 }
 
+/* Timing bounds only (WRONG results), for benchmarks/sm90_gemm_timing.cu: MOK_SM90_SKIP_EPILOGUE=1
+ * stores nothing from whole-segment tiles (what overlapping the epilogue with the next tile's
+ * mainloop could win at most); =2 stages every chunk in shared memory but issues no TMA store (what
+ * the stores themselves cost). */
+#ifndef MOK_SM90_SKIP_EPILOGUE
+#define MOK_SM90_SKIP_EPILOGUE 0
+#endif
+
 /* ------------------------------------------------------------------------------------------------
  * TMA-store epilogue of one consumer warpgroup: its 64 rows of the tile leave in [64 x 64] bf16
  * chunks through kEpiBufs shared-memory buffers. Chunk c uses buffer c % kEpiBufs; before it is
@@ -162,13 +196,15 @@ struct epi_stager {
     uint32_t sw;     /* its 16-byte chunk of column block 0, swizzled (bytes) */
     uint32_t chunks; /* chunks issued so far */
     bool next_free;  /* the buffer of the next chunk is known to be free (checked by epi_ready) */
+    epi_handoff* hand; /* NULL: thread 0 stores; else the store warp does (MOK_SM90_EPI_STORE_WARP) */
 };
 
-__device__ __forceinline__ epi_stager make_epi_stager(uint32_t bufs, int wg, int t) {
+__device__ __forceinline__ epi_stager make_epi_stager(uint32_t bufs, int wg, int t, epi_handoff* hand = nullptr) {
     epi_stager e;
     e.bufs = bufs;
     e.wg = wg;
     e.t = t;
+    e.hand = hand;
     /* stmatrix x4 of column blocks (2k, 2k + 1): lanes 8 j .. 8 j + 7 address the rows of matrix j,
      * j = (rows + 8: bit 0, column block + 1: bit 1). */
     const int lane = t & 31;
@@ -183,6 +219,14 @@ __device__ __forceinline__ epi_stager make_epi_stager(uint32_t bufs, int wg, int
 
 /* The next chunk's buffer, once free: its shared-memory address. */
 __device__ __forceinline__ uint32_t epi_acquire(epi_stager& e) {
+    if (e.hand != nullptr) {
+        /* use u = chunks / kEpiBufs of the buffer: wait for use u - 1's read (use 0: passes) */
+        const uint32_t b = e.chunks % kEpiBufs, u = e.chunks / kEpiBufs;
+        const long long t_acquire = MOK_TIMING_NOW();
+        mbarrier_wait_parity(&e.hand->read[b], (u & 1) ^ 1);
+        MOK_TIMING_ADD(TIMING_EPI_ACQUIRE, t_acquire);
+        return e.bufs + b * (64 * 64 * 2);
+    }
     if (!e.next_free) {
         const long long t_acquire = MOK_TIMING_NOW();
         if (e.t == 0) bulk_wait_group_read<kEpiBufs - 1>();
@@ -208,7 +252,9 @@ __device__ __forceinline__ void epi_put_chunk(const epi_stager& e, uint32_t buf,
 /* Makes the buffer's generic-proxy writes visible to TMA; true in the thread that issues the store.
  * The same barrier also frees the next chunk's buffer: the issuing thread first waits for the
  * store that used it (kEpiBufs chunks back) to have read it, so the next epi_acquire need not
- * synchronise again (one barrier per chunk). */
+ * synchronise again (one barrier per chunk). (Measured, v25: leaving the wait to epi_acquire, so
+ * that the previous chunk's store has this chunk's staging time to read its buffer, changed
+ * nothing: 623 -> 630 TFLOP/s at most.) */
 __device__ __forceinline__ bool epi_ready(epi_stager& e) {
     fence_proxy_async_shared();
     if (kEpiBufs >= 2 && e.t == 0) bulk_wait_group_read<(kEpiBufs >= 2 ? kEpiBufs - 2 : 0)>();
@@ -225,6 +271,63 @@ __device__ __forceinline__ uint32_t epi_stage_acc(epi_stager& e, const float* ac
         return pack_bf16x2(acc[(8 * j + ci) * 4 + 2 * h], acc[(8 * j + ci) * 4 + 2 * h + 1]);
     });
     return buf;
+}
+
+/* Stores the staged chunk in buf as the box at (c0, c1, c2) of map: by thread 0 after a barrier, or
+ * posted to the store warp (each thread's writes made visible to TMA first; the job written by
+ * thread 0 before its warp's arrival). */
+__device__ __forceinline__ void epi_store(epi_stager& e, uint32_t buf, const CUtensorMap* map, int32_t c0, int32_t c1,
+                                          int32_t c2) {
+    if (e.hand != nullptr) {
+        const uint32_t b = e.chunks % kEpiBufs;
+        fence_proxy_async_shared();
+        if (e.t == 0) e.hand->job[b] = epi_job{map, c0, c1, c2};
+        __syncwarp();
+        if ((e.t & 31) == 0) mbarrier_arrive(&e.hand->posted[b]);
+        ++e.chunks;
+        return;
+    }
+    if (epi_ready(e) && MOK_SM90_SKIP_EPILOGUE != 2) {
+        tma_store_3d(map, buf, c0, c1, c2);
+        bulk_commit_group();
+    }
+}
+
+/* The warpgroup's last store: waited for by thread 0, or a NULL job that ends the store warp. */
+__device__ __forceinline__ void epi_finish(epi_stager& e) {
+    if (e.hand != nullptr) {
+        epi_store(e, epi_acquire(e), nullptr, 0, 0, 0);
+    } else if (e.t == 0) {
+        bulk_wait_group<0>();
+    }
+}
+
+/* The store warp of one consumer warpgroup: issues its posted stores in order until the NULL job. */
+__device__ __forceinline__ void epi_store_warp(epi_handoff& h, uint32_t bufs) {
+    const int lane = threadIdx.x & 31;
+    for (uint32_t n = 0;; ++n) {
+        const uint32_t b = n % kEpiBufs;
+        mbarrier_wait_parity(&h.posted[b], (n / kEpiBufs) & 1);
+        const epi_job job = h.job[b];
+        if (job.map == nullptr) break;
+        if (lane == 0) {
+            if (MOK_SM90_SKIP_EPILOGUE != 2) {
+                tma_store_3d(job.map, bufs + b * (64 * 64 * 2), job.c0, job.c1, job.c2);
+                bulk_commit_group();
+                bulk_wait_group_read<0>();
+            }
+            mbarrier_arrive(&h.read[b]);
+        }
+        __syncwarp();
+    }
+    if (lane == 0) bulk_wait_group<0>();
+}
+
+/* Whether a BF16 kernel variant hands its stores to store warps: not with gather-on-load, whose
+ * producer warpgroup copies A with all of its threads. */
+template <bool kGather>
+__host__ __device__ constexpr bool uses_store_warps() {
+    return MOK_SM90_EPI_STORE_WARP && !kGather;
 }
 
 /* The plan offsets [E + 1] the tile walk reads: the shared-memory copy when it fits.
@@ -507,6 +610,7 @@ __device__ __forceinline__ void consume_kblocks(smem_layout& s, float* acc, int6
 template <bool kSwiGLU>
 __device__ __forceinline__ void store_tile_tma(epi_stager& e, const params& p, const float* acc, int64_t n_tile,
                                                int32_t row0, const CUtensorMap* tma_out, const CUtensorMap* tma_act) {
+    if (MOK_SM90_SKIP_EPILOGUE == 1) return;
     if (kSwiGLU) {
         /* ---- h = [gate | up] through the [R, 2, I] map, act through the [R, I] map ---- */
         const int64_t I = p.N / 2;
@@ -515,15 +619,9 @@ __device__ __forceinline__ void store_tile_tma(epi_stager& e, const params& p, c
             const int32_t c = (int32_t)(n_tile * (BN / 2) + 64 * j);
             if (c >= I) break;
             uint32_t buf = epi_stage_acc(e, acc, j);
-            if (epi_ready(e)) {
-                tma_store_3d(tma_out, buf, c, 0, row0);
-                bulk_commit_group();
-            }
+            epi_store(e, buf, tma_out, c, 0, row0);
             buf = epi_stage_acc(e, acc, j + BN / 2 / 64);
-            if (epi_ready(e)) {
-                tma_store_3d(tma_out, buf, c, 1, row0);
-                bulk_commit_group();
-            }
+            epi_store(e, buf, tma_out, c, 1, row0);
             buf = epi_acquire(e);
             epi_put_chunk(e, buf, [&](int ci, int h) {
                 const int ig = (8 * j + ci) * 4 + 2 * h, iu = ig + (BN / 2 / 8) * 4;
@@ -531,10 +629,7 @@ __device__ __forceinline__ void store_tile_tma(epi_stager& e, const params& p, c
                 const uint32_t g = pack_bf16x2(acc[ig], acc[ig + 1]), u = pack_bf16x2(acc[iu], acc[iu + 1]);
                 return pack_bf16x2(mok_swiglu(bf16x2_lo(g), bf16x2_lo(u)), mok_swiglu(bf16x2_hi(g), bf16x2_hi(u)));
             });
-            if (epi_ready(e)) {
-                tma_store_3d(tma_act, buf, c, row0, 0);
-                bulk_commit_group();
-            }
+            epi_store(e, buf, tma_act, c, row0, 0);
         }
     } else {
 #pragma unroll
@@ -542,10 +637,7 @@ __device__ __forceinline__ void store_tile_tma(epi_stager& e, const params& p, c
             const int32_t c = (int32_t)(n_tile * BN + 64 * j);
             if (c >= p.N) break;
             uint32_t buf = epi_stage_acc(e, acc, j);
-            if (epi_ready(e)) {
-                tma_store_3d(tma_out, buf, c, row0, 0);
-                bulk_commit_group();
-            }
+            epi_store(e, buf, tma_out, c, row0, 0);
         }
     }
 }
@@ -565,7 +657,8 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
     const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
     uint32_t stage = 0, phase = 0;
     float acc[BN / 2];
-    epi_stager epi = make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t);
+    epi_stager epi = make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t,
+                                      uses_store_warps<kGather>() ? &s.hand[wg] : nullptr);
 
     mok_tile_sched sched;
     sched_units<kCluster>(&sched, 1, p.R, p.num_n_tiles, rows_used);
@@ -659,7 +752,7 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
         cur = next;
     }
     /* ---- the shared memory must outlive the last TMA stores' reads ---- */
-    if (t == 0) bulk_wait_group<0>();
+    epi_finish(epi);
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -728,7 +821,8 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
     const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
     uint32_t stage = 0, phase = 0;
     float acc[BN / 2];
-    epi_stager epi = make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t);
+    epi_stager epi = make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t,
+                                      uses_store_warps<false>() ? &s.hand[wg] : nullptr);
 
     mok_tile_sched sched;
     sched_units<kCluster>(&sched, p.E, p.M, p.num_n_tiles, INT64_MAX);
@@ -769,13 +863,10 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
             const int64_t c = tile.n_tile * BN + 64 * j;
             if (c >= p.N) break;
             uint32_t buf = epi_stage_acc(epi, acc, j);
-            if (epi_ready(epi)) {
-                tma_store_3d(tma_out, buf, (int32_t)c, (int32_t)m0, (int32_t)tile.group);
-                bulk_commit_group();
-            }
+            epi_store(epi, buf, tma_out, (int32_t)c, (int32_t)m0, (int32_t)tile.group);
         }
     }
-    if (t == 0) bulk_wait_group<0>();
+    epi_finish(epi);
 }
 
 template <bool kSwiGLU, bool kGather, bool kBMN, bool kWgrad, int kCluster>
@@ -797,6 +888,13 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbarrier_init(&s.full[i], kGather ? 1 + 128 : 1);
             mbarrier_init(&s.empty[i], 8 * kCluster); /* every consumer warp of the cluster */
         }
+        if (uses_store_warps<kGather>()) {
+            for (int wg = 0; wg < 2; ++wg)
+                for (int i = 0; i < kEpiBufs; ++i) {
+                    mbarrier_init(&s.hand[wg].posted[i], 4); /* the warpgroup's 4 warps */
+                    mbarrier_init(&s.hand[wg].read[i], 1);   /* its store warp */
+                }
+        }
         fence_mbarrier_init();
         tma_prefetch_descriptor(&tma_b);
         if (!kGather) tma_prefetch_descriptor(&tma_a);
@@ -814,7 +912,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     if (threadIdx.x < 128) {
         setmaxnreg_dec<kProducerRegs>();
-        if (kWgrad) {
+        /* warps 1 and 2 of the producer warpgroup (idle without gather-on-load: one thread issues
+         * the loads) store the epilogues of consumer warpgroups 0 and 1 */
+        const int warp = (int)threadIdx.x / 32;
+        if (uses_store_warps<kGather>() && (warp == 1 || warp == 2)) {
+            epi_store_warp(s.hand[warp - 1], mok_smem_u32(&s.epi[warp - 1][0][0]));
+        } else if (kWgrad) {
             produce_wgrad<kCluster>(s, p, &tma_a, &tma_b);
         } else {
             produce<kSwiGLU, kGather, kBMN, kCluster>(s, p, &tma_a, &tma_b, mok_rows_in_use(plan_offsets(s, p), p.E, p.R));
