@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
     printf("R=%lld E=%lld N=%lld K=%lld %s: %.3f ms, %.0f TFLOP/s (instrumented build), %.0f tiles per call\n",
            (long long)R, (long long)E, (long long)N, (long long)K, mode, ms, flops / ms / 1e9, tiles / iters);
     const char* names[] = {"tiles", "setup", "mainloop", "  of it: waits for a full stage", "  of it: final wgmma drain",
-                           "epilogue", "  of it: waits for a free buffer", "FP8 promotion (FP8 kernel only)"};
+                           "epilogue", "  of it: waits for a buffer's read", "FP8 promotion (FP8 kernel only)"};
     static_assert(sizeof(names) / sizeof(names[0]) == mok_sm90::TIMING_SLOTS, "a name per counter");
     printf("%-34s %10s %8s\n", "cycles per tile (thread 128)", "cycles", "us");
     for (int i = 1; tiles > 0 && i < mok_sm90::TIMING_SLOTS; ++i) {

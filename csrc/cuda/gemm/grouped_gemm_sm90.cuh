@@ -115,9 +115,9 @@ enum {
  * on; store warp 1 + wg issues the TMA store and hands the buffer back once the store has read it.
  * Why it was tried: a plain Qwen3 tile staged without TMA stores runs 10% faster (v25). Measured:
  * exact (394 GPU tests), but within +-1.6% of thread-0 stores on five shapes: the consumers' time
- * is not in issuing the stores but in waiting, two chunks later, for the TMA unit to have read the
- * buffer (the unit also carries the producer's loads). Kept as the hand-off a fully staged tile
- * would need. Not for gather-on-load (the whole producer warpgroup copies A). */
+ * is not in issuing the stores (the likely rest: waiting, two chunks later, for the TMA unit to have
+ * read a buffer). Kept as the hand-off a fully staged tile would need. Not for gather-on-load (the
+ * whole producer warpgroup copies A). */
 #ifndef MOK_SM90_EPI_STORE_WARP
 #define MOK_SM90_EPI_STORE_WARP 0
 #endif
@@ -257,8 +257,10 @@ __device__ __forceinline__ void epi_put_chunk(const epi_stager& e, uint32_t buf,
  * nothing: 623 -> 630 TFLOP/s at most.) */
 __device__ __forceinline__ bool epi_ready(epi_stager& e) {
     fence_proxy_async_shared();
+    const long long t_wait = MOK_TIMING_NOW(); /* (counted with epi_acquire's: waits for a buffer) */
     if (kEpiBufs >= 2 && e.t == 0) bulk_wait_group_read<(kEpiBufs >= 2 ? kEpiBufs - 2 : 0)>();
     named_barrier_sync(1 + e.wg, 128);
+    MOK_TIMING_ADD(TIMING_EPI_ACQUIRE, t_wait);
     ++e.chunks;
     e.next_free = kEpiBufs >= 2; /* one buffer: the next epi_acquire waits for this chunk's store */
     return e.t == 0;
