@@ -401,14 +401,11 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
             const int32_t c = (int32_t)(tile.n_tile * BN + 64 * j);
             if (c >= p.N) break;
             const uint32_t buf = mok_sm90::epi_stage_acc(epi, acc, j);
-            if (mok_sm90::epi_ready(epi)) {
-                tma_store_3d(tma_out, buf, c, (int32_t)row0, 0);
-                bulk_commit_group();
-            }
+            mok_sm90::epi_store(epi, buf, tma_out, c, (int32_t)row0, 0);
         }
         MOK_TIMING_ADD(mok_sm90::TIMING_EPILOGUE, t_epi);
     }
-    if (t == 0) bulk_wait_group<0>();
+    mok_sm90::epi_finish(epi);
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -512,13 +509,10 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
             const int32_t c = (int32_t)(tile.n_tile * BN + 64 * j);
             if (c >= p.N) break;
             const uint32_t buf = mok_sm90::epi_stage_acc(epi, acc, j);
-            if (mok_sm90::epi_ready(epi)) {
-                tma_store_3d(tma_out, buf, c, (int32_t)m0, (int32_t)tile.group);
-                bulk_commit_group();
-            }
+            mok_sm90::epi_store(epi, buf, tma_out, c, (int32_t)m0, (int32_t)tile.group);
         }
     }
-    if (t == 0) bulk_wait_group<0>();
+    mok_sm90::epi_finish(epi);
 }
 
 /* A plan the kernel cannot take: an offset not a multiple of 128 (both variants), or (wgrad, whose
