@@ -299,13 +299,9 @@ struct kblock_scales {
     float sa0 = 0.f, sa1 = 0.f, sb0 = 0.f, sb1 = 0.f;
 };
 
-/* A consumer warp hands a stage back: to its producer, and in a pair also to the peer's (whose
- * producer multicasts into this CTA's stage). */
-template <int kCluster>
-__device__ __forceinline__ void release_stage(smem_layout& s, uint32_t stage) {
-    mbarrier_arrive(&s.empty[stage]);
-    if (kCluster > 1) mbarrier_arrive_cluster(&s.empty[stage], cluster_ctarank() ^ 1);
-}
+/* (A consumer warp hands a stage back with the BF16 kernel's mok_sm90::release_stage: to its
+ * producer, and in a pair also to the peer's.) */
+using mok_sm90::release_stage;
 
 template <int kCluster>
 __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used,

@@ -559,9 +559,10 @@ __device__ __forceinline__ uint64_t operand_desc(uint32_t smem_addr, int k16) {
 /* The mainloop of one tile: wait for each K-block's stage, 4 wgmma k16 steps on it; the stage of
  * the previous K-block is released once its wgmma group has retired (one group stays in flight). */
 /* A consumer warp's release of a ring stage: an arrival on its empty barrier here and, in a
- * 2-CTA cluster, on the peer's (whose producer multicasts into this CTA's stage too). */
-template <int kCluster>
-__device__ __forceinline__ void release_stage(smem_layout& s, uint32_t stage) {
+ * 2-CTA cluster, on the peer's (whose producer multicasts into this CTA's stage too). Any layout
+ * with an `empty` barrier per stage (the FP8 kernel's too). */
+template <int kCluster, typename Layout>
+__device__ __forceinline__ void release_stage(Layout& s, uint32_t stage) {
     mbarrier_arrive(&s.empty[stage]);
     if (kCluster > 1) mbarrier_arrive_cluster(&s.empty[stage], cluster_ctarank() ^ 1);
 }
