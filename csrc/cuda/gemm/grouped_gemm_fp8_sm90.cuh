@@ -397,7 +397,7 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
             const int32_t c = (int32_t)(tile.n_tile * BN + 64 * j);
             if (c >= p.N) break;
             const uint32_t buf = mok_sm90::epi_stage_acc(epi, acc, j);
-            mok_sm90::epi_store(epi, buf, tma_out, c, (int32_t)row0, 0);
+            mok_sm90::epi_store<true>(epi, buf, tma_out, c, (int32_t)row0, 0);
         }
         MOK_TIMING_ADD(mok_sm90::TIMING_EPILOGUE, t_epi);
     }
@@ -505,7 +505,7 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
             const int32_t c = (int32_t)(tile.n_tile * BN + 64 * j);
             if (c >= p.N) break;
             const uint32_t buf = mok_sm90::epi_stage_acc(epi, acc, j);
-            mok_sm90::epi_store(epi, buf, tma_out, c, (int32_t)m0, (int32_t)tile.group);
+            mok_sm90::epi_store<true>(epi, buf, tma_out, c, (int32_t)m0, (int32_t)tile.group);
         }
     }
     mok_sm90::epi_finish(epi);

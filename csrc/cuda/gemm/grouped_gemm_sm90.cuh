@@ -7,9 +7,10 @@
  *                    B is K-major ([E, N, K], "NT") or, with kBMN, N-major ([E, K, N], "NN": the
  *                    dgrad GEMMs read the weights as they are, no transposed copy);
  *   warpgroups 1, 2  consumers: wgmma m64n256k16 on 64 rows each, f32 accumulators in registers;
- *                    epilogue through shared memory: [64 x 64] bf16 chunks, two buffers per
- *                    warpgroup, each stored by TMA while the next is written (and while the next
- *                    tile's mainloop starts), plain or with the fused SwiGLU.
+ *                    epilogue through shared memory: [64 x 64] bf16 chunks stored by TMA, staged
+ *                    in the tile's last ring stage (lent to the epilogue, given back during the
+ *                    next tile's first K-block) and two own buffers per warpgroup; plain or with
+ *                    the fused SwiGLU.
  *
  * Tile 128 x 256 x 64, kStages-deep shared-memory ring; full/empty mbarriers per stage.
  * With kCluster = 2 the CTAs of a cluster take pairs of M-tiles (the same N-tile); where both run
@@ -110,30 +111,19 @@ enum {
     kSmemOffsets = 384,                   /* plan offsets kept in shared memory when E + 1 <= this */
 };
 
-/* Experiment, off by default: epilogue stores by a warp of the producer warpgroup
- * (MOK_SM90_EPI_STORE_WARP=1). A consumer warpgroup stages a chunk, posts its store here and goes
- * on; store warp 1 + wg issues the TMA store and hands the buffer back once the store has read it.
- * Why it was tried: a plain Qwen3 tile staged without TMA stores runs 10% faster (v25). Measured:
- * exact (394 GPU tests), but within +-1.6% of thread-0 stores on five shapes: the consumers' time
- * is not in issuing the stores (the likely rest: waiting, two chunks later, for the TMA unit to have
- * read a buffer). Kept as the hand-off a fully staged tile would need. Not for gather-on-load (the
- * whole producer warpgroup copies A). */
-#ifndef MOK_SM90_EPI_STORE_WARP
-#define MOK_SM90_EPI_STORE_WARP 0
+/* The tile's last ring stage is lent to the epilogue (MOK_SM90_EPI_LEND, on by default): once both
+ * consumer warpgroups have drained its wgmma, its 48 KiB hold 6 of the tile's [64 x 64] chunks
+ * (3 per warpgroup: its 8 KiB of A and 16 KiB of B) besides the 2 x 2 own buffers, so a plain
+ * tile's 4 chunks per warpgroup are staged without waiting for any store to have read a buffer.
+ * The stage goes back to the producer after the next tile's first K-block is issued, once the
+ * stores have read it; the producer needs it only 3 K-blocks into the next tile.
+ * Why: a Qwen3 tile staged without TMA stores runs ~10% faster than one that waits, two chunks
+ * later, for a store to have read its buffer (v25); the whole tile staged in dedicated buffers
+ * would cost a ring stage (3 stages: the mainloop starves, v12). 0: own buffers only. */
+#ifndef MOK_SM90_EPI_LEND
+#define MOK_SM90_EPI_LEND 1
 #endif
 
-/* One posted store: the map (NULL: the warpgroup is done) and the box coordinates. */
-struct epi_job {
-    const CUtensorMap* map;
-    int32_t c0, c1, c2;
-};
-
-/* The hand-off of one consumer warpgroup's kEpiBufs buffers to its store warp. */
-struct epi_handoff {
-    uint64_t posted[kEpiBufs]; /* chunk staged and its job written: one arrival per consumer warp */
-    uint64_t read[kEpiBufs];   /* the chunk's store has read the buffer: one arrival (the store warp) */
-    epi_job job[kEpiBufs];
-};
 
 /* Shared memory of one CTA; the tile buffers come first so each is 1024-byte aligned (128B swizzle). */
 struct smem_layout {
@@ -143,7 +133,6 @@ struct smem_layout {
     uint64_t full[kStages];
     uint64_t empty[kStages];
     int32_t offsets[kSmemOffsets]; /* copy of p.offsets: the per-tile expert lookups read it */
-    epi_handoff hand[2]; /* [consumer warpgroup], with MOK_SM90_EPI_STORE_WARP */
 };
 static_assert(kEpiBufs >= 1, "the epilogue stages its chunks in shared memory");
 static_assert(sizeof(smem_layout) + 1024 <= 227 * 1024, "shared memory budget of one CTA");
@@ -182,29 +171,50 @@ __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* p, float x, float y)
 #define MOK_SM90_SKIP_EPILOGUE 0
 #endif
 
+/* A consumer warp's release of a ring stage: an arrival on its empty barrier here and, in a
+ * 2-CTA cluster, on the peer's (whose producer multicasts into this CTA's stage too). Any layout
+ * with an `empty` barrier per stage (the FP8 kernel's too). */
+template <int kCluster, typename Layout>
+__device__ __forceinline__ void release_stage(Layout& s, uint32_t stage) {
+    mbarrier_arrive(&s.empty[stage]);
+    if (kCluster > 1) mbarrier_arrive_cluster(&s.empty[stage], cluster_ctarank() ^ 1);
+}
+
 /* ------------------------------------------------------------------------------------------------
  * TMA-store epilogue of one consumer warpgroup: its 64 rows of the tile leave in [64 x 64] bf16
- * chunks through kEpiBufs shared-memory buffers. Chunk c uses buffer c % kEpiBufs; before it is
- * rewritten, the store issued kEpiBufs chunks earlier must have read it. Thread 0 of the warpgroup
- * issues the stores.
- * Every store map is 3-D (a TMA instruction's rank must match its map's).
+ * chunks staged in shared memory. A tile's first kLentChunks chunks go into its lent stage (when
+ * lent); the others cycle through the warpgroup's kEpiBufs own buffers, each reused only once the
+ * store that last read it has (thread 0 waits, then a named barrier). Thread 0 of the warpgroup
+ * issues the stores, one bulk group per chunk. Every store map is 3-D (a TMA instruction's rank
+ * must match its map's).
  * ---------------------------------------------------------------------------------------------- */
+enum { kLentChunks = 3, EPI_CHUNK_BYTES = 64 * 64 * 2 };
+
 struct epi_stager {
-    uint32_t bufs;   /* shared address of this warpgroup's kEpiBufs buffers of 8 KiB */
+    uint32_t bufs;   /* shared address of this warpgroup's kEpiBufs own buffers of 8 KiB */
     int wg, t;       /* warpgroup (0, 1) and thread in it */
     uint32_t row;    /* byte offset in a buffer of the row this thread addresses for stmatrix */
     uint32_t sw;     /* its 16-byte chunk of column block 0, swizzled (bytes) */
-    uint32_t chunks; /* chunks issued so far */
-    bool next_free;  /* the buffer of the next chunk is known to be free (checked by epi_ready) */
-    epi_handoff* hand; /* NULL: thread 0 stores; else the store warp does (MOK_SM90_EPI_STORE_WARP) */
+    uint32_t lent_a, lent_b; /* the lent stage: the warpgroup's 8 KiB of A and 16 KiB of B */
+    int32_t lent_stage;      /* a lent stage not yet given back to the producer; -1: none */
+    bool use_lent;           /* the current tile's epilogue stages its first chunks in it */
+    uint32_t lent_used;      /* chunks of the current tile staged in the lent stage */
+    uint32_t own_uses;       /* own-buffer chunks so far */
+    /* Stores (bulk groups) are numbered in issue order: groups issued so far; own_last[i] the
+     * group of the own-buffer chunk i + 1 uses back (buffer own_uses % kEpiBufs was last used
+     * kEpiBufs uses back), -1 for none; groups below read_upto have read their buffers (known
+     * to every thread: a barrier passed since thread 0 waited), read_pending: thread 0 has waited
+     * for them, not yet followed by a barrier. */
+    int32_t groups;
+    int32_t own_last[kEpiBufs];
+    int32_t read_upto, read_pending;
 };
 
-__device__ __forceinline__ epi_stager make_epi_stager(uint32_t bufs, int wg, int t, epi_handoff* hand = nullptr) {
+__device__ __forceinline__ epi_stager make_epi_stager(uint32_t bufs, int wg, int t) {
     epi_stager e;
     e.bufs = bufs;
     e.wg = wg;
     e.t = t;
-    e.hand = hand;
     /* stmatrix x4 of column blocks (2k, 2k + 1): lanes 8 j .. 8 j + 7 address the rows of matrix j,
      * j = (rows + 8: bit 0, column block + 1: bit 1). */
     const int lane = t & 31;
@@ -212,29 +222,59 @@ __device__ __forceinline__ epi_stager make_epi_stager(uint32_t bufs, int wg, int
     e.row = (uint32_t)r * 128;
     /* NOTE: the 128B swizzle puts 16-byte chunk c of row r at chunk c ^ (r % 8); r % 8 = lane % 8. */
     e.sw = (uint32_t)(((lane >> 4) ^ (lane & 7)) << 4);
-    e.chunks = 0;
-    e.next_free = false;
+    e.lent_a = e.lent_b = 0;
+    e.lent_stage = -1;
+    e.use_lent = false;
+    e.lent_used = 0;
+    e.own_uses = 0;
+    e.groups = 0;
+#pragma unroll
+    for (int i = 0; i < kEpiBufs; ++i) e.own_last[i] = -1;
+    e.read_upto = e.read_pending = 0;
     return e;
 }
 
-/* The next chunk's buffer, once free: its shared-memory address. */
+/* Waits (thread 0) until at most n of its bulk groups have not yet read their shared memory. */
+__device__ __forceinline__ void bulk_wait_read_at_most(int32_t n) {
+    switch (n) {
+        case 0: bulk_wait_group_read<0>(); break;
+        case 1: bulk_wait_group_read<1>(); break;
+        case 2: bulk_wait_group_read<2>(); break;
+        case 3: bulk_wait_group_read<3>(); break;
+        case 4: bulk_wait_group_read<4>(); break;
+        case 5: bulk_wait_group_read<5>(); break;
+        case 6: bulk_wait_group_read<6>(); break;
+        default: bulk_wait_group_read<7>(); break; /* in order: n >= 7 newer groups imply it */
+    }
+}
+
+/* A tile's epilogue starts; lent: its mainloop lent its last stage (consume_kblocks with lend_last
+ * and at least one K-block), so the first chunks go there. */
+__device__ __forceinline__ void epi_begin_tile(epi_stager& e, bool lent) {
+    e.lent_used = 0;
+    e.use_lent = MOK_SM90_EPI_LEND && lent && e.lent_stage >= 0;
+}
+
+/* The next chunk's buffer, once free: its shared-memory address. A buffer of the lent stage if one
+ * is left, else the next own buffer (if its last store may still be reading it, thread 0 waits for
+ * that, and a barrier tells the warpgroup). */
 __device__ __forceinline__ uint32_t epi_acquire(epi_stager& e) {
-    if (e.hand != nullptr) {
-        /* use u = chunks / kEpiBufs of the buffer: wait for use u - 1's read (use 0: passes) */
-        const uint32_t b = e.chunks % kEpiBufs, u = e.chunks / kEpiBufs;
-        const long long t_acquire = MOK_TIMING_NOW();
-        mbarrier_wait_parity(&e.hand->read[b], (u & 1) ^ 1);
-        MOK_TIMING_ADD(TIMING_EPI_ACQUIRE, t_acquire);
-        return e.bufs + b * (64 * 64 * 2);
+    if (e.use_lent && e.lent_used < kLentChunks) {
+        const uint32_t c = e.lent_used++;
+        return c == 0 ? e.lent_a : e.lent_b + (c - 1) * EPI_CHUNK_BYTES;
     }
-    if (!e.next_free) {
+    const int32_t last = e.own_last[0]; /* the store that last read this buffer */
+#pragma unroll
+    for (int i = 0; i + 1 < kEpiBufs; ++i) e.own_last[i] = e.own_last[i + 1];
+    e.own_last[kEpiBufs - 1] = e.groups; /* this chunk's store */
+    if (last >= e.read_upto) {
         const long long t_acquire = MOK_TIMING_NOW();
-        if (e.t == 0) bulk_wait_group_read<kEpiBufs - 1>();
+        if (e.t == 0) bulk_wait_read_at_most(e.groups - 1 - last);
         named_barrier_sync(1 + e.wg, 128);
+        e.read_upto = last + 1;
         MOK_TIMING_ADD(TIMING_EPI_ACQUIRE, t_acquire);
     }
-    e.next_free = false;
-    return e.bufs + (e.chunks % kEpiBufs) * (64 * 64 * 2);
+    return e.bufs + (e.own_uses++ % kEpiBufs) * EPI_CHUNK_BYTES;
 }
 
 /* Writes 64 columns of the warpgroup's 64 rows into the buffer, in the 128B-swizzled layout of the
@@ -249,23 +289,6 @@ __device__ __forceinline__ void epi_put_chunk(const epi_stager& e, uint32_t buf,
                     frag(2 * k + 1, 1));
 }
 
-/* Makes the buffer's generic-proxy writes visible to TMA; true in the thread that issues the store.
- * The same barrier also frees the next chunk's buffer: the issuing thread first waits for the
- * store that used it (kEpiBufs chunks back) to have read it, so the next epi_acquire need not
- * synchronise again (one barrier per chunk). (Measured, v25: leaving the wait to epi_acquire, so
- * that the previous chunk's store has this chunk's staging time to read its buffer, changed
- * nothing: 623 -> 630 TFLOP/s at most.) */
-__device__ __forceinline__ bool epi_ready(epi_stager& e) {
-    fence_proxy_async_shared();
-    const long long t_wait = MOK_TIMING_NOW(); /* (counted with epi_acquire's: waits for a buffer) */
-    if (kEpiBufs >= 2 && e.t == 0) bulk_wait_group_read<(kEpiBufs >= 2 ? kEpiBufs - 2 : 0)>();
-    named_barrier_sync(1 + e.wg, 128);
-    MOK_TIMING_ADD(TIMING_EPI_ACQUIRE, t_wait);
-    ++e.chunks;
-    e.next_free = kEpiBufs >= 2; /* one buffer: the next epi_acquire waits for this chunk's store */
-    return e.t == 0;
-}
-
 /* Stages accumulator groups [8 j, 8 j + 8) (64 columns) of this thread's rows. */
 __device__ __forceinline__ uint32_t epi_stage_acc(epi_stager& e, const float* acc, int j) {
     const uint32_t buf = epi_acquire(e);
@@ -275,61 +298,75 @@ __device__ __forceinline__ uint32_t epi_stage_acc(epi_stager& e, const float* ac
     return buf;
 }
 
-/* Stores the staged chunk in buf as the box at (c0, c1, c2) of map: by thread 0 after a barrier, or
- * posted to the store warp (each thread's writes made visible to TMA first; the job written by
- * thread 0 before its warp's arrival). */
+/* Stores the staged chunk in buf as the box at (c0, c1, c2) of map: every thread's writes made
+ * visible to TMA, a barrier, then thread 0 issues the store (one bulk group per chunk).
+ * free_next (kernels without a lent stage: the FP8 one): the same barrier also frees the next own
+ * buffer, thread 0 first waiting for its last store to have read it, so that the next epi_acquire
+ * need not synchronise again (one barrier per chunk).
+ * (Measured, v26: staging the lent chunks first and storing them after one barrier made the plain
+ * epilogue slower, 1.0 -> 1.27 us per tile: thread 0 then issues its stores back to back; inferred,
+ * not measured directly: a TMA store takes ~0.1 us to issue.) */
+template <bool kFreeNext = false>
 __device__ __forceinline__ void epi_store(epi_stager& e, uint32_t buf, const CUtensorMap* map, int32_t c0, int32_t c1,
                                           int32_t c2) {
-    if (e.hand != nullptr) {
-        const uint32_t b = e.chunks % kEpiBufs;
-        fence_proxy_async_shared();
-        if (e.t == 0) e.hand->job[b] = epi_job{map, c0, c1, c2};
-        __syncwarp();
-        if ((e.t & 31) == 0) mbarrier_arrive(&e.hand->posted[b]);
-        ++e.chunks;
-        return;
-    }
-    if (epi_ready(e) && MOK_SM90_SKIP_EPILOGUE != 2) {
+    fence_proxy_async_shared();
+    const int32_t next_last = e.own_last[0]; /* the last store of the next own buffer */
+    /* (one own buffer: the next chunk's is this one, whose store is not issued yet) */
+    const bool free_next = kFreeNext && kEpiBufs >= 2 && !e.use_lent && next_last >= e.read_upto;
+    if (free_next && e.t == 0) bulk_wait_read_at_most(e.groups - 1 - next_last);
+    named_barrier_sync(1 + e.wg, 128);
+    if (free_next) e.read_upto = next_last + 1;
+    e.read_upto = e.read_pending > e.read_upto ? e.read_pending : e.read_upto;
+    if (e.t == 0 && MOK_SM90_SKIP_EPILOGUE != 2) {
         tma_store_3d(map, buf, c0, c1, c2);
         bulk_commit_group();
     }
+    ++e.groups;
 }
 
-/* The warpgroup's last store: waited for by thread 0, or a NULL job that ends the store warp. */
+/* The n <= BN / 64 column chunks j of a plain tile, stored as the boxes at coords(j) of map. */
+template <typename Coords>
+__device__ __forceinline__ void store_plain_chunks(epi_stager& e, const float* acc, int n, const CUtensorMap* map,
+                                                   Coords&& coords) {
+#pragma unroll
+    for (int j = 0; j < BN / 64; ++j) {
+        if (j >= n) break;
+        const uint32_t buf = epi_stage_acc(e, acc, j);
+        const int3 c = coords(j);
+        epi_store(e, buf, map, c.x, c.y, c.z);
+    }
+}
+
+/* A consumer warpgroup takes the last stage of a tile's mainloop for its epilogue: called by both
+ * warpgroups once their wgmma on it has drained (the barrier: the other one has too, so B is free). */
+template <typename Layout>
+__device__ __forceinline__ void epi_lend_stage(Layout& s, epi_stager& e, uint32_t stage) {
+    named_barrier_sync(3, 256);
+    e.lent_a = mok_smem_u32(&s.a[stage][0]) + (uint32_t)e.wg * EPI_CHUNK_BYTES;
+    e.lent_b = mok_smem_u32(&s.b[stage][0]) + (uint32_t)e.wg * 2 * EPI_CHUNK_BYTES;
+    e.lent_stage = (int32_t)stage;
+}
+
+/* Gives a lent stage back to the producer once this warpgroup's stores have read it (thread 0 waits
+ * for every store so far, then arrives for the warpgroup's 4 warps); called right after the next
+ * K-block's wgmma is issued, so the wait overlaps the tensor cores' work. */
+template <int kCluster, typename Layout>
+__device__ __forceinline__ void epi_return_stage(Layout& s, epi_stager& e) {
+    e.use_lent = false;
+    if (e.lent_stage < 0) return;
+    if (e.t == 0) {
+        bulk_wait_group_read<0>();
+#pragma unroll
+        for (int w = 0; w < 4; ++w) release_stage<kCluster>(s, (uint32_t)e.lent_stage);
+    }
+    e.read_pending = e.groups;
+    e.lent_stage = -1;
+}
+
+/* The warpgroup's last store: the shared memory must outlive the reads (and a lent stage is not
+ * needed any more: the producer is done). */
 __device__ __forceinline__ void epi_finish(epi_stager& e) {
-    if (e.hand != nullptr) {
-        epi_store(e, epi_acquire(e), nullptr, 0, 0, 0);
-    } else if (e.t == 0) {
-        bulk_wait_group<0>();
-    }
-}
-
-/* The store warp of one consumer warpgroup: issues its posted stores in order until the NULL job. */
-__device__ __forceinline__ void epi_store_warp(epi_handoff& h, uint32_t bufs) {
-    const int lane = threadIdx.x & 31;
-    for (uint32_t n = 0;; ++n) {
-        const uint32_t b = n % kEpiBufs;
-        mbarrier_wait_parity(&h.posted[b], (n / kEpiBufs) & 1);
-        const epi_job job = h.job[b];
-        if (job.map == nullptr) break;
-        if (lane == 0) {
-            if (MOK_SM90_SKIP_EPILOGUE != 2) {
-                tma_store_3d(job.map, bufs + b * (64 * 64 * 2), job.c0, job.c1, job.c2);
-                bulk_commit_group();
-                bulk_wait_group_read<0>();
-            }
-            mbarrier_arrive(&h.read[b]);
-        }
-        __syncwarp();
-    }
-    if (lane == 0) bulk_wait_group<0>();
-}
-
-/* Whether a BF16 kernel variant hands its stores to store warps: not with gather-on-load, whose
- * producer warpgroup copies A with all of its threads. */
-template <bool kGather>
-__host__ __device__ constexpr bool uses_store_warps() {
-    return MOK_SM90_EPI_STORE_WARP && !kGather;
+    if (e.t == 0) bulk_wait_group<0>();
 }
 
 /* The plan offsets [E + 1] the tile walk reads: the shared-memory copy when it fits.
@@ -557,19 +594,14 @@ __device__ __forceinline__ uint64_t operand_desc(uint32_t smem_addr, int k16) {
 }
 
 /* The mainloop of one tile: wait for each K-block's stage, 4 wgmma k16 steps on it; the stage of
- * the previous K-block is released once its wgmma group has retired (one group stays in flight). */
-/* A consumer warp's release of a ring stage: an arrival on its empty barrier here and, in a
- * 2-CTA cluster, on the peer's (whose producer multicasts into this CTA's stage too). Any layout
- * with an `empty` barrier per stage (the FP8 kernel's too). */
-template <int kCluster, typename Layout>
-__device__ __forceinline__ void release_stage(Layout& s, uint32_t stage) {
-    mbarrier_arrive(&s.empty[stage]);
-    if (kCluster > 1) mbarrier_arrive_cluster(&s.empty[stage], cluster_ctarank() ^ 1);
-}
-
+ * the previous K-block is released once its wgmma group has retired (one group stays in flight).
+ * A stage lent to the previous tile's epilogue is given back while the first K-block runs. The
+ * last stage is released, or with lend_last (both warpgroups must agree) lent to this tile's
+ * epilogue. */
 template <bool kGather, bool kAMN, bool kBMN, int kCluster, typename Hook>
 __device__ __forceinline__ void consume_kblocks(smem_layout& s, float* acc, int64_t num_kb, uint32_t& stage,
-                                                uint32_t& phase, int wg, int lane, Hook&& while_first_kblock_runs) {
+                                                uint32_t& phase, int wg, int lane, epi_stager& epi, bool lend_last,
+                                                Hook&& while_first_kblock_runs) {
     uint32_t prev_stage = 0;
     for (int64_t kb = 0; kb < num_kb; ++kb) {
         const long long t_wait = MOK_TIMING_NOW();
@@ -590,8 +622,13 @@ __device__ __forceinline__ void consume_kblocks(smem_layout& s, float* acc, int6
         }
         wgmma_commit_group();
         /* NOTE: the tensor cores run this K-block while the hook runs: the consumers' work for
-         * the next tile (scheduler, expert lookup) costs no tensor-core time here. */
-        if (kb == 0) while_first_kblock_runs();
+         * the next tile (scheduler, expert lookup) and the wait for the previous tile's stores to
+         * have read a lent stage cost no tensor-core time here. */
+        if (kb == 0) {
+            while_first_kblock_runs();
+            /* (measured, v26: giving it back one K-block later was 1% slower) */
+            epi_return_stage<kCluster>(s, epi);
+        }
         wgmma_wait_group<1>();
         /* ---- release the previous stage: one arrival per consumer warp (in both CTAs of a
          * cluster: either producer writes into both) ---- */
@@ -604,8 +641,14 @@ __device__ __forceinline__ void consume_kblocks(smem_layout& s, float* acc, int6
     }
     const long long t_drain = MOK_TIMING_NOW();
     wgmma_wait_group<0>();
+    if (num_kb > 0) {
+        if (MOK_SM90_EPI_LEND && lend_last) {
+            epi_lend_stage(s, epi, prev_stage);
+        } else if (lane == 0) {
+            release_stage<kCluster>(s, prev_stage);
+        }
+    }
     MOK_TIMING_ADD(TIMING_DRAIN, t_drain);
-    if (num_kb > 0 && lane == 0) release_stage<kCluster>(s, prev_stage);
 }
 
 /* TMA-store epilogue of a tile whose rows all belong to one expert segment: this warpgroup's rows
@@ -635,13 +678,9 @@ __device__ __forceinline__ void store_tile_tma(epi_stager& e, const params& p, c
             epi_store(e, buf, tma_act, c, row0, 0);
         }
     } else {
-#pragma unroll
-        for (int j = 0; j < BN / 64; ++j) {
-            const int32_t c = (int32_t)(n_tile * BN + 64 * j);
-            if (c >= p.N) break;
-            uint32_t buf = epi_stage_acc(e, acc, j);
-            epi_store(e, buf, tma_out, c, row0, 0);
-        }
+        const int64_t c0 = n_tile * BN;
+        const int n = (int)((p.N - c0 + 63) / 64 < BN / 64 ? (p.N - c0 + 63) / 64 : BN / 64);
+        store_plain_chunks(e, acc, n, tma_out, [&](int j) { return make_int3((int)c0 + 64 * j, row0, 0); });
     }
 }
 
@@ -660,8 +699,7 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
     const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
     uint32_t stage = 0, phase = 0;
     float acc[BN / 2];
-    epi_stager epi = make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t,
-                                      uses_store_warps<kGather>() ? &s.hand[wg] : nullptr);
+    epi_stager epi = make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t);
 
     mok_tile_sched sched;
     sched_units<kCluster>(&sched, 1, p.R, p.num_n_tiles, rows_used);
@@ -698,8 +736,13 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
         for (pass_walk w = cur.w; pass_more(w); pass_advance(offs, w)) {
             const bool last_pass = pass_last(offs, w);
             MOK_TIMING_ADD(TIMING_SETUP, t_setup);
+            /* the pass's rows: the whole tile (mok's plans: TMA stores, through the lent last stage) or
+             * a segment of it (stores from registers) */
+            const int64_t seg_lo = pass_real(w) ? offs[w.mine.e] : 0, seg_hi = pass_real(w) ? offs[w.mine.e + 1] : 0;
+            const int64_t tile_end = tile.m0 + BM < p.R ? tile.m0 + BM : p.R;
+            const bool whole_tile = pass_real(w) && seg_lo <= tile.m0 && seg_hi >= tile_end;
             const long long t_main = MOK_TIMING_NOW();
-            consume_kblocks<kGather, false, kBMN, kCluster>(s, acc, num_kb, stage, phase, wg, lane, [&] {
+            consume_kblocks<kGather, false, kBMN, kCluster>(s, acc, num_kb, stage, phase, wg, lane, epi, whole_tile, [&] {
                 if (last_pass) fetch_next();
             });
             MOK_TIMING_ADD(TIMING_MAINLOOP, t_main);
@@ -709,12 +752,11 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
                 t_setup = MOK_TIMING_NOW();
                 continue;
             }
-            const int64_t seg_lo = offs[w.mine.e], seg_hi = offs[w.mine.e + 1];
-            const int64_t tile_end = tile.m0 + BM < p.R ? tile.m0 + BM : p.R;
-            if (seg_lo <= tile.m0 && seg_hi >= tile_end) {
+            if (whole_tile) {
                 /* ---- epilogue: the whole tile is one segment (mok's plans): TMA stores ---- */
                 const long long t_epi = MOK_TIMING_NOW();
                 const int64_t row0 = tile.m0 + 64 * wg;
+                epi_begin_tile(epi, num_kb > 0);
                 if (row0 < p.R) store_tile_tma<kSwiGLU>(epi, p, acc, tile.n_tile, (int32_t)row0, tma_out, tma_act);
                 MOK_TIMING_ADD(TIMING_EPILOGUE, t_epi);
                 t_setup = MOK_TIMING_NOW();
@@ -824,8 +866,7 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
     const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
     uint32_t stage = 0, phase = 0;
     float acc[BN / 2];
-    epi_stager epi = make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t,
-                                      uses_store_warps<false>() ? &s.hand[wg] : nullptr);
+    epi_stager epi = make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t);
 
     mok_tile_sched sched;
     sched_units<kCluster>(&sched, p.E, p.M, p.num_n_tiles, INT64_MAX);
@@ -834,7 +875,7 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
         const mok_tile tile = cta_tile<kCluster>(unit, rank, INT64_MAX);
         const int64_t num_kb = wgrad_kblocks(p, offs, tile.group);
         if (num_kb > 0) {
-            consume_kblocks<false, true, true, kCluster>(s, acc, num_kb, stage, phase, wg, lane, [] {});
+            consume_kblocks<false, true, true, kCluster>(s, acc, num_kb, stage, phase, wg, lane, epi, true, [] {});
         } else {
             /* ---- no rows (zeros), or unaligned rows: one FMA chain per output, in row order ---- */
             int64_t lo = offs[tile.group], hi = num_kb == 0 ? lo : offs[tile.group + 1];
@@ -860,14 +901,12 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
         }
         /* ---- epilogue: out[e, m, n] through the [E, M, N] map (clips m past M, n past N) ---- */
         const int64_t m0 = tile.m0 + 64 * wg;
+        epi_begin_tile(epi, num_kb > 0);
         if (m0 >= p.M) continue;
-#pragma unroll
-        for (int j = 0; j < BN / 64; ++j) {
-            const int64_t c = tile.n_tile * BN + 64 * j;
-            if (c >= p.N) break;
-            uint32_t buf = epi_stage_acc(epi, acc, j);
-            epi_store(epi, buf, tma_out, (int32_t)c, (int32_t)m0, (int32_t)tile.group);
-        }
+        const int64_t c0 = tile.n_tile * BN;
+        const int n = (int)((p.N - c0 + 63) / 64 < BN / 64 ? (p.N - c0 + 63) / 64 : BN / 64);
+        store_plain_chunks(epi, acc, n, tma_out,
+                           [&](int j) { return make_int3((int)c0 + 64 * j, (int)m0, (int)tile.group); });
     }
     epi_finish(epi);
 }
@@ -891,13 +930,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbarrier_init(&s.full[i], kGather ? 1 + 128 : 1);
             mbarrier_init(&s.empty[i], 8 * kCluster); /* every consumer warp of the cluster */
         }
-        if (uses_store_warps<kGather>()) {
-            for (int wg = 0; wg < 2; ++wg)
-                for (int i = 0; i < kEpiBufs; ++i) {
-                    mbarrier_init(&s.hand[wg].posted[i], 4); /* the warpgroup's 4 warps */
-                    mbarrier_init(&s.hand[wg].read[i], 1);   /* its store warp */
-                }
-        }
         fence_mbarrier_init();
         tma_prefetch_descriptor(&tma_b);
         if (!kGather) tma_prefetch_descriptor(&tma_a);
@@ -915,12 +947,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     if (threadIdx.x < 128) {
         setmaxnreg_dec<kProducerRegs>();
-        /* warps 1 and 2 of the producer warpgroup (idle without gather-on-load: one thread issues
-         * the loads) store the epilogues of consumer warpgroups 0 and 1 */
-        const int warp = (int)threadIdx.x / 32;
-        if (uses_store_warps<kGather>() && (warp == 1 || warp == 2)) {
-            epi_store_warp(s.hand[warp - 1], mok_smem_u32(&s.epi[warp - 1][0][0]));
-        } else if (kWgrad) {
+        if (kWgrad) {
             produce_wgrad<kCluster>(s, p, &tma_a, &tma_b);
         } else {
             produce<kSwiGLU, kGather, kBMN, kCluster>(s, p, &tma_a, &tma_b, mok_rows_in_use(plan_offsets(s, p), p.E, p.R));
