@@ -648,7 +648,7 @@ __device__ __forceinline__ void consume_kblocks(smem_layout& s, float* acc, int6
             release_stage<kCluster>(s, prev_stage);
         }
     }
-    MOK_TIMING_ADD(TIMING_DRAIN, t_drain);
+    MOK_TIMING_ADD(TIMING_DRAIN, t_drain); /* (with the lending's barrier between the warpgroups) */
 }
 
 /* TMA-store epilogue of a tile whose rows all belong to one expert segment: this warpgroup's rows
