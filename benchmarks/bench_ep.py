@@ -150,6 +150,7 @@ def main():
     if n >= 2:
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+        os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
         for world in (2, 4, 8):
             if world > n:
                 break

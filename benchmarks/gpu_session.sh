@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One device call: build mok on the GPU machine, run the GPU tests and the demo, keep logs in $OUT.
-# Usage (on the GPU machine, from the repo root): bash benchmarks/gpu_session.sh [pytest args...]
+# The start of a device call: records the GPU and torch in $OUT/env.txt and builds mok in place
+# (log in $OUT/build.log; exits on a failed build). Sourced by the device scripts, which then run
+# the tests and benchmarks: `source benchmarks/gpu_session.sh` from the repo root on the GPU machine
+# (benchmarks/run_multi_gpu.sh, for one).
 set -uo pipefail
 OUT=${OUT:-/tmp/mok-out}
 mkdir -p "$OUT"

@@ -4,7 +4,8 @@
 - the kernels' raw exchange equals the pure-torch simulation bitwise;
 - a rank that never sends makes the others time out within the configured time, and Python raises;
 - an EP forward + backward step captures in a CUDA graph and replays correctly;
-- 2 and 4 real processes on cuda:0 over torch symmetric memory pass the same W = 1 check.
+- 2 and 4 real processes on cuda:0 over torch symmetric memory pass the same W = 1 check;
+- with 2, 4 or 8 GPUs, one process per GPU passes it too (issue 6; skipped with fewer GPUs).
 
 Run on the H200: python -m pytest tests/test_ep_gpu.py -q -m gpu"""
 import datetime
@@ -175,12 +176,13 @@ def test_cuda_graph_capture_of_ep_step(_fresh_seed):
 
 
 # ------------------------------------------------------------------------------------------------
-# real processes sharing cuda:0 through torch symmetric memory
+# real processes over torch symmetric memory: all on cuda:0, or one per GPU
 # ------------------------------------------------------------------------------------------------
 
 
-def _symm_worker(rank, world, path, seed, tokens):
-    torch.cuda.set_device(0)
+def _symm_worker(rank, world, path, seed, tokens, one_gpu=True):
+    torch.cuda.set_device(0 if one_gpu else rank)
+    # (gloo carries only the rendezvous and the barrier: the exchange itself is mok's kernels)
     dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
     try:
@@ -189,7 +191,8 @@ def _symm_worker(rank, world, path, seed, tokens):
         start = sum(tokens[:rank])
         sl = slice(start, start + tokens[rank])
         g = ep.ExpertParallel(num_experts=p["E"], max_tokens=max(tokens), top_k=p["K"], hidden_size=p["H"],
-                              dtype=torch.bfloat16, device="cuda:0", backend="symm_mem", timeout_s=60.0)
+                              dtype=torch.bfloat16, device=torch.device("cuda", torch.cuda.current_device()),
+                              backend="symm_mem", timeout_s=60.0)
         assert g.backend == "symm_mem"
         El = g.local_experts
         shard = slice(rank * El, (rank + 1) * El)
@@ -221,6 +224,19 @@ def test_processes_on_one_gpu_symm_mem_match_w1(world, monkeypatch, _fresh_seed)
     with tempfile.TemporaryDirectory() as d:
         mp.spawn(_symm_worker, args=(world, os.path.join(d, "store"), _fresh_seed, TOKENS[world]), nprocs=world,
                  join=True)
+
+
+@needs_kernels
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_processes_on_gpus_symm_mem_match_w1(world, monkeypatch, _fresh_seed):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs, {torch.cuda.device_count()} here")
+    for var in ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):  # NVLink multicast stays off
+        monkeypatch.setenv(var, "1")
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(_symm_worker, args=(world, os.path.join(d, "store"), _fresh_seed, TOKENS[world], False),
+                 nprocs=world, join=True)
 
 
 @needs_kernels
