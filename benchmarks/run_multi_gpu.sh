@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 6 in one device call on a multi-GPU kind (nvidia-h200-x8, -x4 or -x2): builds mok, then runs
-# with NVLink multicast off
+# with NVLink multicast off (gpu_session.sh exports the switches)
 #   1. the expert-parallel tests with one process per GPU (W = 2, 4, 8 as the GPUs allow) and the
 #      single-GPU EP tests,
 #   2. bench_ep.py: dispatch / combine GB/s per GPU for mok, NCCL all_to_all_single and
@@ -12,7 +12,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-benchmarks/out}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 source benchmarks/gpu_session.sh || exit 1
 echo "GPUs: $(python3 -c 'import torch; print(torch.cuda.device_count())')"
 timeout 300 python3 -m pytest tests/test_ep_gpu.py tests/test_ep.py -q -m "gpu or not gpu" -p no:cacheprovider \
