@@ -4,8 +4,8 @@ The schemas and the CPU/CUDA kernels live in csrc/torch/ops.cpp (FP8: quant_ops.
 fp8_gemm_ops.cpp). Every operator that takes part in a forward pass has an autograd formula written
 with other mok operators, so a whole training step is a graph of mok kernels with no host
 synchronisation. The backward-only operators (route_topk_backward, combine_weight_grad,
-swiglu_backward, gather_rows, grouped_mm_wgrad) and the integer plan have no autograd formula; nor
-do the FP8 operators (quantize_fp8, dequantize_fp8, and grouped_mm_fp8, which is forward-only until
+swiglu_backward, swiglu_scaled_backward, gather_rows, grouped_mm_wgrad) and the integer plan have
+no autograd formula; nor do the FP8 operators (quantize_fp8, dequantize_fp8, and grouped_mm_fp8, which is forward-only until
 the FP8 recipe of the layer supplies its backward GEMMs).
 """
 import torch
@@ -84,6 +84,11 @@ def _swiglu_fake(h):
 @torch.library.register_fake("mok::swiglu_backward")
 def _swiglu_backward_fake(h, d_act):
     return torch.empty_like(h)
+
+
+@torch.library.register_fake("mok::swiglu_scaled_backward")
+def _swiglu_scaled_backward_fake(h, d_z, src_of_row, w):
+    return torch.empty_like(h), torch.empty_like(d_z), h.new_empty((h.shape[0],), dtype=_acc_dtype(h.dtype))
 
 
 def _grouped_mm_out_shape(a, a_gather, b, trans_b):
@@ -285,6 +290,7 @@ ALL_OPS = (
     "combine_weight_grad",
     "swiglu",
     "swiglu_backward",
+    "swiglu_scaled_backward",
     "grouped_mm",
     "grouped_mm_swiglu",
     "grouped_mm_wgrad",

@@ -89,6 +89,18 @@ def swiglu(h):
     return F.silu(gate) * up
 
 
+def swiglu_scaled_backward(h, d_z, src_of_row, w):
+    """Backward of z = s * swiglu(h) with s[r] = w.flatten()[src_of_row[r]] (0 where src_of_row < 0),
+    for the incoming d_z: (d_h, z, d_s), d_s[r] = sum_j d_z[r, j] * swiglu(h)[r, j]."""
+    src = src_of_row.long()
+    s = torch.where(src >= 0, w.double().flatten()[src.clamp(min=0)], torch.zeros((), dtype=torch.float64))
+    h = h.detach().double().requires_grad_(True)
+    act = swiglu(h)
+    z = s[:, None] * act
+    (d_h,) = torch.autograd.grad(z, h, d_z.double())
+    return d_h, z.detach(), (d_z.double() * act.detach()).sum(1)
+
+
 def _expert_of_rows(offsets, rows):
     """Expert id of each row index (rows at or past offsets[-1] get -1)."""
     r = torch.arange(rows)

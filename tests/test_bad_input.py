@@ -98,6 +98,16 @@ def test_device_mismatch_is_named():
     (lambda: ops.grouped_mm_swiglu(torch.randn(4, 3), torch.zeros(8, dtype=torch.int32),
                                    torch.zeros(4, 2, dtype=torch.int32), 2, torch.randn(2, 6, 3),
                                    torch.tensor([0, 4, 8], dtype=torch.int32), torch.randn(8, 5)), r"x_rows"),
+    # swiglu_scaled_backward: d_z half the width of h, one src_of_row entry per row, w in the
+    # accumulation type, src_of_row inside w (the CPU kernel reports it)
+    (lambda: ops.swiglu_scaled_backward(torch.randn(4, 6), torch.randn(4, 2), torch.zeros(4, dtype=torch.int32),
+                                        torch.rand(2, 2)), r"d_z\.shape\[1\]"),
+    (lambda: ops.swiglu_scaled_backward(torch.randn(4, 6), torch.randn(4, 3), torch.zeros(5, dtype=torch.int32),
+                                        torch.rand(2, 2)), r"src_of_row\.shape\[0\]"),
+    (lambda: ops.swiglu_scaled_backward(torch.randn(4, 6), torch.randn(4, 3), torch.zeros(4, dtype=torch.int32),
+                                        torch.rand(2, 2).double()), r"\bw must be Float"),
+    (lambda: ops.swiglu_scaled_backward(torch.randn(4, 6), torch.randn(4, 3), torch.full((4,), 4, dtype=torch.int32),
+                                        torch.rand(2, 2)), r"src_of_row\[0\] = 4 is not a pair of w"),
 ])
 def test_op_level_checks(bad, pattern):
     with pytest.raises((ValueError, RuntimeError), match=pattern):

@@ -32,6 +32,8 @@ def op_cases(device):
         "combine_weight_grad": [(torch.randn(case.T, case.H, device=device), rows, plan.row_of)],
         "swiglu": [(grad(torch.randn(9, 16, device=device)),)],
         "swiglu_backward": [(torch.randn(9, 16, device=device), torch.randn(9, 8, device=device))],
+        "swiglu_scaled_backward": [(torch.randn(R, 2 * case.I, device=device), torch.randn(R, case.I, device=device),
+                                    plan.src_of_row, w.float())],
         "grouped_mm": [(grad(act), None, 1, grad(down), plan.offsets, True),
                        (grad(rows), None, 1, grad(down), plan.offsets, False)],
         "grouped_mm_swiglu": [(grad(x), plan.src_of_row, plan.row_of, case.K, grad(gate_up), plan.offsets),

@@ -154,6 +154,29 @@ def test_swiglu_forward_backward(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("I", [45, 96])  # the scalar kernel, and bf16's 8-wide vectors
+def test_swiglu_scaled_backward(device, dtype, case, I):
+    _, plan, _ = plan_for(case, device)
+    R = plan.src_of_row.shape[0]
+    h = 2 * torch.randn(R, 2 * I, dtype=torch.float64)
+    d_z = torch.randn(R, I, dtype=torch.float64)
+    w = torch.rand(case.T, case.K, dtype=torch.float64)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    args = (h.to(device, dtype), d_z.to(device, dtype), plan.src_of_row, w.to(device, acc))
+    d_h, z, d_s = ops.swiglu_scaled_backward(*args)
+    assert d_h.shape == (R, 2 * I) and z.shape == (R, I) and d_s.shape == (R,) and d_s.dtype == acc
+    ref = reference.swiglu_scaled_backward(h.to(dtype), d_z.to(dtype), plan.src_of_row.cpu(), w.to(acc))
+    for got, want in zip((d_h, z, d_s), ref):
+        assert rel_err(got, want) < TOL[dtype]
+    pad = plan.src_of_row < 0  # padding rows: s = 0
+    assert not z[pad].any() and not d_h[pad].any()
+    again = ops.swiglu_scaled_backward(*args)
+    assert all(torch.equal(a, b) for a, b in zip((d_h, z, d_s), again))  # deterministic
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_gradcheck_ops(device):
     case = MoECase(9, 6, 5, 4, 2, "empty_expert")
     x, idx, w, gate_up, down = make_moe_inputs(case, torch.float64, device, requires_grad=True)

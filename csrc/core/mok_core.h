@@ -212,6 +212,20 @@ int mok_swiglu_forward(const void* h, mok_dtype dt, int64_t I, int64_t r_begin, 
 int mok_swiglu_backward(const void* h, const void* d_act, mok_dtype dt, int64_t I, int64_t r_begin, int64_t r_end,
                         void* d_h);
 
+/* Backward of the row-scaled SwiGLU z[r, :] = s[r] * act[r, :], act = SwiGLU(h) rounded to dt (the
+ * forward's act), s[r] = w[src_of_row[r]] (accumulation type; 0 where src_of_row[r] < 0, a padding
+ * row), for an incoming d_z [R, I]:
+ *   d_h[r]  = the SwiGLU backward of h[r] for d_act = s[r] * d_z[r] (mok_swiglu_backward's formula)
+ *   d_s[r]  = sum_j d_z[r, j] * act[r, j]   (j increasing, accumulation type)
+ *   z[r]    = s[r] * act[r]                  (recomputed: the operand of a weight gradient)
+ * In an MoE layer s is the router weight of the row's (token, k) pair: y = sum_k w * (act @ W^T)
+ * equals the unweighted combine of z @ W^T, so this gives the router-weight gradient from d_z =
+ * dy @ W (width I) instead of a dot product with the saved rows (width H). src_of_row entries must
+ * be < n_pairs (the size of w). Rows [r_begin, r_end). */
+int mok_swiglu_scaled_backward(const void* h, const void* d_z, mok_dtype dt, int64_t I, const int32_t* src_of_row,
+                               const void* w, int64_t n_pairs, int64_t r_begin, int64_t r_end, void* d_h, void* z,
+                               void* d_s);
+
 /* ------------------------------------------------------------------------------------------------
  * Grouped GEMMs over the plan's row space (rows [offsets[e], offsets[e+1]) belong to expert e;
  * rows at or past offsets[E] are written as 0). Accumulation in the accumulation type, k in

@@ -82,3 +82,61 @@ int mok_swiglu_backward(const void* h, const void* d_act, mok_dtype dt, int64_t 
     }
     return MOK_OK;
 }
+
+/* The row scale s = w[src] (accumulation type), 0 for a padding row (src < 0). */
+static double row_scale(const void* w, mok_dtype dt, int64_t src) {
+    if (src < 0) return 0.0;
+    return dt == MOK_F64 ? ((const double*)w)[src] : (double)((const float*)w)[src];
+}
+
+int mok_swiglu_scaled_backward(const void* h, const void* d_z, mok_dtype dt, int64_t I, const int32_t* src_of_row,
+                               const void* w, int64_t n_pairs, int64_t r_begin, int64_t r_end, void* d_h, void* z,
+                               void* d_s) {
+    int64_t r, i0, i;
+    const int dbl = dt == MOK_F64;
+    int st = check_args(h, d_z, dt, I, r_begin, r_end, d_h);
+    if (st != MOK_OK) return st;
+    if (n_pairs < 0) return MOK_ERR_ARG;
+    if (r_end > r_begin && (!src_of_row || !d_s || (I > 0 && !z))) return MOK_ERR_ARG;
+    for (r = r_begin; r < r_end; r++)
+        if (src_of_row[r] >= n_pairs) return MOK_ERR_ARG;
+    if (r_end > r_begin && n_pairs > 0 && !w) return MOK_ERR_ARG;
+    for (r = r_begin; r < r_end; r++) {
+        const double s = row_scale(w, dt, src_of_row[r]);
+        double dot_d = 0.0;
+        float dot_f = 0.0f;
+        for (i0 = 0; i0 < I; i0 += CH) {
+            int64_t n = mok_min64(CH, I - i0);
+            accbuf g, u, dz, act;
+            mok_to_acc(&g, h, dt, r * 2 * I + i0, n);
+            mok_to_acc(&u, h, dt, r * 2 * I + I + i0, n);
+            mok_to_acc(&dz, d_z, dt, r * I + i0, n);
+            /* ---- act as the forward stored it: SwiGLU rounded to dt (z's buffer as scratch) ---- */
+            memcpy(&act, &g, (size_t)n * mok_acc_size(dt));
+            fwd_chunk(&act, &u, n, dbl);
+            mok_from_acc(z, dt, r * I + i0, &act, n);
+            mok_to_acc(&act, z, dt, r * I + i0, n);
+            /* ---- d_s += dz . act (increasing j); z = s * act; the incoming d_act = s * dz ---- */
+            if (dbl) {
+                for (i = 0; i < n; i++) {
+                    dot_d += dz.d[i] * act.d[i];
+                    act.d[i] *= s;
+                    dz.d[i] *= s;
+                }
+            } else {
+                for (i = 0; i < n; i++) {
+                    dot_f += dz.f[i] * act.f[i];
+                    act.f[i] *= (float)s;
+                    dz.f[i] *= (float)s;
+                }
+            }
+            mok_from_acc(z, dt, r * I + i0, &act, n);
+            bwd_chunk(&g, &u, &dz, n, dbl);
+            mok_from_acc(d_h, dt, r * 2 * I + i0, &g, n);
+            mok_from_acc(d_h, dt, r * 2 * I + I + i0, &u, n);
+        }
+        if (dbl) ((double*)d_s)[r] = dot_d;
+        else ((float*)d_s)[r] = dot_f;
+    }
+    return MOK_OK;
+}

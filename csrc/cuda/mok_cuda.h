@@ -124,6 +124,23 @@ struct mok_swiglu_args {
 int mok_swiglu_forward_cuda(const struct mok_swiglu_args* args, cudaStream_t stream);
 int mok_swiglu_backward_cuda(const struct mok_swiglu_args* args, cudaStream_t stream);
 
+/* mok_swiglu_scaled_backward (mok_core.h) on the GPU: s[r] = w[src_of_row[r]] (0 for src < 0 or
+ * src >= n_pairs). d_s is a fixed-shape per-row reduction: deterministic, equal to the core's
+ * serial sum up to rounding. */
+struct mok_swiglu_scaled_backward_args {
+    const void* h;   /* [R, 2I] */
+    const void* d_z; /* [R, I] */
+    mok_dtype dtype;
+    int64_t R, I;
+    const int32_t* src_of_row; /* [R] */
+    const void* w;             /* [n_pairs] accumulation type */
+    int64_t n_pairs;
+    void* d_h; /* [R, 2I] */
+    void* z;   /* [R, I] */
+    void* d_s; /* [R] accumulation type */
+};
+int mok_swiglu_scaled_backward_cuda(const struct mok_swiglu_scaled_backward_args* args, cudaStream_t stream);
+
 /* Grouped GEMM over the plan's rows (see mok_grouped_gemm in mok_core.h). With swiglu_out != NULL
  * (NT only, N even) the epilogue also writes swiglu_out[r, :N/2] = silu(out[r, :N/2]) * out[r, N/2:]
  * computed from the rounded values of out (so it equals mok_swiglu_forward applied to out). */

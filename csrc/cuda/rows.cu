@@ -20,21 +20,11 @@
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
 #include "common/vec.cuh"
+#include "common/warp.cuh"
 
 namespace {
 
 enum { ROWS_THREADS = 256, ROWS_BLOCKS_PER_SM = 16, WG_WARPS = 8 };
-
-/* A grid-stride loop over warps (blocks of whole warps): this thread's lane, its warp's index and
- * the grid's warp count. */
-struct WarpStride {
-    int lane;
-    int64_t warp, count;
-};
-__device__ __forceinline__ WarpStride warp_stride() {
-    return {(int)(threadIdx.x % 32), ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32,
-            (int64_t)gridDim.x * blockDim.x / 32};
-}
 
 /* ------------------------------------------------------------------------------------------------
  * gather_rows: one block per output row (grid-stride over rows), threads over H.
@@ -284,10 +274,7 @@ __global__ void __launch_bounds__(WG_WARPS * 32) combine_weight_grad_kernel(cons
             }
         }
         /* ---- fixed shuffle tree over the 32 lanes ---- */
-#pragma unroll
-        for (int off = 16; off > 0; off /= 2) {
-            acc = mok_add(acc, __shfl_down_sync(0xffffffffu, acc, off));
-        }
+        acc = warp_sum_to_lane0(acc);
         if (lane == 0) {
             d_w[p] = valid ? acc : (Acc)0;
         }
@@ -317,10 +304,7 @@ __global__ void __launch_bounds__(WG_WARPS * 32) combine_weight_grad_bf16x8_kern
                 for (int i = 0; i < MOK_VEC; ++i) acc = mok_add(acc, mok_mul(a[i], b[i]));
             }
         }
-#pragma unroll
-        for (int off = 16; off > 0; off /= 2) {
-            acc = mok_add(acc, __shfl_down_sync(0xffffffffu, acc, off));
-        }
+        acc = warp_sum_to_lane0(acc);
         if (lane == 0) {
             d_w[p] = valid ? acc : 0.f;
         }

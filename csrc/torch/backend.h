@@ -23,6 +23,8 @@ namespace mok {
     void combine_weight_grad(const at::Tensor& dy, const at::Tensor& rows, const at::Tensor& row_of, at::Tensor& d_w); \
     void swiglu(const at::Tensor& h, at::Tensor& act);                                                                \
     void swiglu_backward(const at::Tensor& h, const at::Tensor& d_act, at::Tensor& d_h);                              \
+    void swiglu_scaled_backward(const at::Tensor& h, const at::Tensor& d_z, const at::Tensor& src_of_row,              \
+                                const at::Tensor& w, at::Tensor& d_h, at::Tensor& z, at::Tensor& d_s);                \
     void grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, int64_t a_gather_div,             \
                     const at::Tensor& b, const at::Tensor& offsets, bool trans_b, at::Tensor& out,                    \
                     at::Tensor* swiglu_out);                                                                          \

@@ -106,6 +106,23 @@ void swiglu_backward(const at::Tensor& h, const at::Tensor& d_act, at::Tensor& d
     });
 }
 
+void swiglu_scaled_backward(const at::Tensor& h, const at::Tensor& d_z, const at::Tensor& src_of_row,
+                            const at::Tensor& w, at::Tensor& d_h, at::Tensor& z, at::Tensor& d_s) {
+    const char* op = "mok.swiglu_scaled_backward";
+    const mok_dtype dt = to_mok_dtype(h, op, "h");
+    const int64_t I = d_z.size(1);
+    const int32_t* src = idx_ptr(src_of_row);
+    for (int64_t r = 0; r < src_of_row.numel(); ++r) {
+        TORCH_CHECK_VALUE(src[r] < w.numel(), op, ": src_of_row[", r, "] = ", src[r], " is not a pair of w (",
+                          w.numel(), " pairs)");
+    }
+    at::parallel_for(0, h.size(0), grain(I), [&](int64_t r0, int64_t r1) {
+        check_status(mok_swiglu_scaled_backward(h.data_ptr(), d_z.data_ptr(), dt, I, idx_ptr(src_of_row), w.data_ptr(),
+                                                w.numel(), r0, r1, d_h.data_ptr(), z.data_ptr(), d_s.data_ptr()),
+                     op);
+    });
+}
+
 void grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, int64_t a_gather_div,
                 const at::Tensor& b, const at::Tensor& offsets, bool trans_b, at::Tensor& out, at::Tensor* swiglu_out) {
     const mok_dtype dt = to_mok_dtype(a, "mok.grouped_mm", "a");

@@ -180,6 +180,24 @@ void swiglu_backward(const at::Tensor& h, const at::Tensor& d_act, at::Tensor& d
     check_status(mok_swiglu_backward_cuda(&a, stream_of(h)), "mok.swiglu_backward");
 }
 
+void swiglu_scaled_backward(const at::Tensor& h, const at::Tensor& d_z, const at::Tensor& src_of_row,
+                            const at::Tensor& w, at::Tensor& d_h, at::Tensor& z, at::Tensor& d_s) {
+    c10::cuda::CUDAGuard guard(h.device());
+    mok_swiglu_scaled_backward_args a{};
+    a.h = h.data_ptr();
+    a.d_z = d_z.data_ptr();
+    a.dtype = to_mok_dtype(h, "mok.swiglu_scaled_backward", "h");
+    a.R = h.size(0);
+    a.I = d_z.size(1);
+    a.src_of_row = src_of_row.data_ptr<int32_t>();
+    a.w = w.data_ptr();
+    a.n_pairs = w.numel();
+    a.d_h = d_h.data_ptr();
+    a.z = z.data_ptr();
+    a.d_s = d_s.data_ptr();
+    check_status(mok_swiglu_scaled_backward_cuda(&a, stream_of(h)), "mok.swiglu_scaled_backward");
+}
+
 void grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, int64_t a_gather_div,
                 const at::Tensor& b, const at::Tensor& offsets, bool trans_b, at::Tensor& out,
                 at::Tensor* swiglu_out) {

@@ -232,6 +232,34 @@ at::Tensor swiglu_backward(const at::Tensor& h, const at::Tensor& d_act) {
     return d_h;
 }
 
+// Backward of z = s * SwiGLU(h) with the per-row scale s[r] = w[src_of_row[r]] (0 for padding
+// rows): (d_h, z recomputed, d_s [rows] in the accumulation type). See mok_swiglu_scaled_backward
+// in csrc/core/mok_core.h. The MoE layer's backward gets the router-weight gradient from it.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_scaled_backward(const at::Tensor& h, const at::Tensor& d_z,
+                                                                      const at::Tensor& src_of_row,
+                                                                      const at::Tensor& w) {
+    const char* op = "mok.swiglu_scaled_backward";
+    check_swiglu_h(h, op);
+    check_dim(d_z, 2, op, "d_z", "[rows, I]");
+    check_contiguous(d_z, op, "d_z");
+    check_dtype(d_z, h.scalar_type(), op, "d_z");
+    check_same_device(d_z, h, op, "d_z", "h");
+    check_size(d_z, 0, h.size(0), op, "d_z", "rows of h");
+    check_size(d_z, 1, h.size(1) / 2, op, "d_z", "half the width of h");
+    check_dim(src_of_row, 1, op, "src_of_row", "[rows]");
+    check_index(src_of_row, h, op, "src_of_row");
+    check_size(src_of_row, 0, h.size(0), op, "src_of_row", "rows of h");
+    check_dim(w, 2, op, "w", "[T, K]");
+    check_dtype(w, acc_dtype(h.scalar_type()), op, "w");
+    check_contiguous(w, op, "w");
+    check_same_device(w, h, op, "w", "h");
+    auto d_h = at::empty_like(h);
+    auto z = at::empty_like(d_z);
+    auto d_s = at::empty({h.size(0)}, h.options().dtype(acc_dtype(h.scalar_type())));
+    if (h.size(0) > 0) MOK_DISPATCH(h, swiglu_scaled_backward, h, d_z, src_of_row, w, d_h, z, d_s);
+    return {d_h, z, d_s};
+}
+
 // ---------------------------------------------------------------------------------------------
 // grouped GEMMs
 // ---------------------------------------------------------------------------------------------
@@ -356,6 +384,8 @@ TORCH_LIBRARY(mok, m) {
     m.def("combine_weight_grad(Tensor dy, Tensor rows, Tensor row_of) -> Tensor");
     m.def("swiglu(Tensor h) -> Tensor");
     m.def("swiglu_backward(Tensor h, Tensor d_act) -> Tensor");
+    m.def("swiglu_scaled_backward(Tensor h, Tensor d_z, Tensor src_of_row, Tensor w) -> (Tensor d_h, Tensor z, "
+          "Tensor d_s)");
     m.def("grouped_mm(Tensor a, Tensor? a_gather, int a_gather_div, Tensor b, Tensor offsets, bool trans_b) -> Tensor");
     m.def("grouped_mm_swiglu(Tensor x, Tensor src_of_row, Tensor row_of, int top_k, Tensor gate_up, "
           "Tensor offsets, Tensor? x_rows=None) -> (Tensor act, Tensor h)");
@@ -372,6 +402,7 @@ TORCH_LIBRARY(mok, m) {
     m.impl("combine_weight_grad", &combine_weight_grad);        \
     m.impl("swiglu", &swiglu);                                  \
     m.impl("swiglu_backward", &swiglu_backward);                \
+    m.impl("swiglu_scaled_backward", &swiglu_scaled_backward);  \
     m.impl("grouped_mm", &grouped_mm);                          \
     m.impl("grouped_mm_swiglu", &grouped_mm_swiglu);            \
     m.impl("grouped_mm_wgrad", &grouped_mm_wgrad)

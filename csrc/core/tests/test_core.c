@@ -1007,6 +1007,48 @@ static void ref_swiglu(const double* g, const double* u, double* a, int64_t n) {
     for (i = 0; i < n; i++) a[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
 }
 
+/* Row-scaled SwiGLU backward: a padding row, a row whose chunk straddles CH, the bad-index error. */
+static void test_swiglu_scaled(mok_dtype dt) {
+    enum { R = 5, I = 300, NP = 7 };
+    const int32_t src[R] = {3, -1, 0, 6, 2};
+    void *h = rand_buf(dt, R * 2 * I, 4.0), *dz = rand_buf(dt, R * I, 1.0), *w = rand_w(dt, NP);
+    void *dh = malloc((size_t)(R * 2 * I) * dt_size(dt)), *z = malloc((size_t)(R * I) * dt_size(dt));
+    void* act = malloc((size_t)I * dt_size(dt));
+    double ds[R], tol = dt == MOK_F64 ? 1e-13 : tol_of(dt);
+    int64_t r, i;
+    int bad = 0;
+    CHECK(mok_swiglu_scaled_backward(h, dz, dt, I, src, w, NP, 0, R, dh, z, ds) == MOK_OK, "scaled swiglu %s",
+          dt_name(dt));
+    for (r = 0; r < R; r++) {
+        const double sc = src[r] < 0 ? 0.0 : wv(w, dt, src[r]);
+        double dot = 0, mag = 0, got_ds = dt == MOK_F64 ? ds[r] : (double)((float*)ds)[r];
+        for (i = 0; i < I; i++) { /* the forward's act, rounded to dt */
+            double g = tl(h, dt, r * 2 * I + i), u = tl(h, dt, r * 2 * I + I + i);
+            ts(act, dt, i, g / (1.0 + exp(-g)) * u);
+        }
+        for (i = 0; i < I; i++) {
+            double g = tl(h, dt, r * 2 * I + i), u = tl(h, dt, r * 2 * I + I + i), a = tl(act, dt, i);
+            double d = tl(dz, dt, r * I + i), da = sc * d, sg = 1.0 / (1.0 + exp(-g));
+            dot += d * a;
+            mag += fabs(d * a);
+            bad += !close_to(tl(z, dt, r * I + i), sc * a, tol);
+            bad += !close_to(tl(dh, dt, r * 2 * I + i), da * u * sg * (1.0 + g * (1.0 - sg)), tol);
+            bad += !close_to(tl(dh, dt, r * 2 * I + I + i), da * g * sg, tol);
+        }
+        bad += fabs(got_ds - dot) > tol * (1.0 + mag);
+        if (src[r] < 0) bad += tl(z, dt, r * I) != 0.0 || tl(dh, dt, r * 2 * I) != 0.0;
+    }
+    CHECK(bad == 0, "scaled swiglu %s mismatches %d", dt_name(dt), bad);
+    CHECK(mok_swiglu_scaled_backward(h, dz, dt, I, src, w, 6, 0, R, dh, z, ds) == MOK_ERR_ARG,
+          "scaled swiglu: src_of_row >= n_pairs");
+    free(h);
+    free(dz);
+    free(w);
+    free(dh);
+    free(z);
+    free(act);
+}
+
 static void test_swiglu(mok_dtype dt) {
     enum { R = 5, I = 300 };
     void *h = rand_buf(dt, R * 2 * I, 4.0), *da = rand_buf(dt, R * I, 1.0);
@@ -1622,6 +1664,7 @@ int main(void) {
     for (i = 0; i < 4; i++) {
         test_rows(dts[i]);
         test_swiglu(dts[i]);
+        test_swiglu_scaled(dts[i]);
         test_gemm(dts[i]);
     }
     test_gemm_fp8_hand();
