@@ -6,9 +6,9 @@ kernel to fuse or speed up.
     python benchmarks/profile_moe_steps.py --shape qwen3_30b_a3b      # on the GPU
     python benchmarks/profile_moe_steps.py --quick                    # CPU smoke test
 
-The chain is the one mok/_ops.py runs (docs/kernels.md): plan, GEMM1 (+SwiGLU), GEMM2, combine;
-backward: gather of dy, weight-gradient dot products, dgrad GEMM2, wgrad GEMM2, SwiGLU backward,
-dgrad GEMM1, combine of dx, wgrad GEMM1 (with its gather of x)."""
+The chain is the one mok.functional.moe_experts runs in training (docs/kernels.md): plan, gather of
+x, GEMM1 (+SwiGLU), GEMM2, combine; backward: gather of dy, dgrad GEMM2, the scaled SwiGLU backward
+(with the router-weight gradient), wgrad GEMM2, dgrad GEMM1, combine of dx, wgrad GEMM1."""
 import argparse
 import os
 import sys
@@ -46,30 +46,34 @@ def steps(T, H, I, E, K, device):
     plan = mok.functional.moe_plan(idx, E)
     R = plan.src_of_row.shape[0]
     P = T * K  # real rows
-    act, h = ops.grouped_mm_swiglu(x, plan.src_of_row, plan.row_of, K, gate_up, plan.offsets)
+    # the chain of mok.functional.moe_experts in training (mok/_down_combine.py for the backward)
+    x_rows = ops.gather_rows(x, plan.src_of_row, None, K, plan.row_of)
+    act, h = ops.grouped_mm_swiglu(x, plan.src_of_row, plan.row_of, K, gate_up, plan.offsets, x_rows)
     rows = ops.grouped_mm(act, None, 1, down, plan.offsets, True)
-    d_rows = ops.gather_rows(dy, plan.src_of_row, w, K)
-    d_act = ops.grouped_mm(d_rows, None, 1, down, plan.offsets, False)
-    d_h = ops.swiglu_backward(h, d_act)
+    d_rows = ops.gather_rows(dy, plan.src_of_row, None, K, plan.row_of)
+    d_z = ops.grouped_mm(d_rows, None, 1, down, plan.offsets, False)
+    d_h, z, _ = ops.swiglu_scaled_backward(h, d_z, plan.src_of_row, w)
     d_xr = ops.grouped_mm(d_h, None, 1, gate_up, plan.offsets, False)
     b2 = 2  # bytes per bf16
     gemm = lambda n, k: ("flops", 2.0 * P * n * k)  # noqa: E731
     return [
         # name, callable, floor kind, floor amount
         ("plan", lambda: mok.functional.moe_plan(idx, E), "bytes", 3 * P * 4 + R * 4),
-        ("fwd GEMM1 + SwiGLU (gather)", lambda: ops.grouped_mm_swiglu(x, plan.src_of_row, plan.row_of, K, gate_up,
-                                                                       plan.offsets), *gemm(2 * I, H)),
+        ("fwd gather x_rows", lambda: ops.gather_rows(x, plan.src_of_row, None, K, plan.row_of), "bytes",
+         (P + T) * H * b2),
+        ("fwd GEMM1 + SwiGLU", lambda: ops.grouped_mm_swiglu(x, plan.src_of_row, plan.row_of, K, gate_up,
+                                                              plan.offsets, x_rows), *gemm(2 * I, H)),
         ("fwd GEMM2", lambda: ops.grouped_mm(act, None, 1, down, plan.offsets, True), *gemm(H, I)),
         ("fwd combine", lambda: ops.combine(rows, plan.row_of, plan.src_of_row, w), "bytes", (P + T) * H * b2),
-        ("bwd gather dy", lambda: ops.gather_rows(dy, plan.src_of_row, w, K), "bytes", (P + T) * H * b2),
-        ("bwd d topk_w", lambda: ops.combine_weight_grad(dy, rows, plan.row_of), "bytes", (P + T) * H * b2),
+        ("bwd gather dy", lambda: ops.gather_rows(dy, plan.src_of_row, None, K, plan.row_of), "bytes",
+         (P + T) * H * b2),
         ("bwd dgrad GEMM2", lambda: ops.grouped_mm(d_rows, None, 1, down, plan.offsets, False), *gemm(I, H)),
-        ("bwd wgrad GEMM2", lambda: ops.grouped_mm_wgrad(d_rows, act, None, 1, plan.offsets), *gemm(I, H)),
-        ("bwd SwiGLU backward", lambda: ops.swiglu_backward(h, d_act), "bytes", P * (2 * I + I + 2 * I) * b2),
+        ("bwd scaled SwiGLU backward (+ d topk_w)", lambda: ops.swiglu_scaled_backward(h, d_z, plan.src_of_row, w),
+         "bytes", P * (2 * I + I + 2 * I + I) * b2),
+        ("bwd wgrad GEMM2", lambda: ops.grouped_mm_wgrad(d_rows, z, None, 1, plan.offsets), *gemm(I, H)),
         ("bwd dgrad GEMM1", lambda: ops.grouped_mm(d_h, None, 1, gate_up, plan.offsets, False), *gemm(H, 2 * I)),
         ("bwd combine dx", lambda: ops.combine(d_xr, plan.row_of, plan.src_of_row, None), "bytes", (P + T) * H * b2),
-        ("bwd wgrad GEMM1 (+ gather of x)",
-         lambda: ops.grouped_mm_wgrad(d_h, x, plan.src_of_row, K, plan.offsets), *gemm(2 * I, H)),
+        ("bwd wgrad GEMM1", lambda: ops.grouped_mm_wgrad(d_h, x_rows, None, 1, plan.offsets), *gemm(2 * I, H)),
     ]
 
 

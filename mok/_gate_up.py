@@ -65,9 +65,17 @@ class _SwiGLUOf(torch.autograd.Function):
         return ops.swiglu_backward(h, d_act.contiguous()), None
 
 
+def gate_up_h_act(x, src_of_row, row_of, top_k, gate_up, offsets, x_rows=None):
+    """(h, act): h [rows, 2I] = rows of x @ gate_up[e]^T, differentiable in x and gate_up, and
+    act = SwiGLU(h), not differentiable (its gradient reaches h through _SwiGLUOf, or through
+    mok/_down_combine.py's node)."""
+    if not (torch.is_grad_enabled() and (x.requires_grad or gate_up.requires_grad)):
+        act, h = ops.grouped_mm_swiglu(x, src_of_row, row_of, top_k, gate_up, offsets, x_rows)
+        return h, act
+    return _GateUp.apply(x, gate_up, src_of_row, row_of, top_k, offsets, x_rows)
+
+
 def gate_up_swiglu(x, src_of_row, row_of, top_k, gate_up, offsets, x_rows=None):
     """act [rows, I] = SwiGLU(rows of x @ gate_up[e]^T), differentiable in x and gate_up."""
-    if not (torch.is_grad_enabled() and (x.requires_grad or gate_up.requires_grad)):
-        return ops.grouped_mm_swiglu(x, src_of_row, row_of, top_k, gate_up, offsets, x_rows)[0]
-    h, act = _GateUp.apply(x, gate_up, src_of_row, row_of, top_k, offsets, x_rows)
-    return _SwiGLUOf.apply(h, act)
+    h, act = gate_up_h_act(x, src_of_row, row_of, top_k, gate_up, offsets, x_rows)
+    return _SwiGLUOf.apply(h, act) if h.requires_grad else act

@@ -6,7 +6,8 @@ from typing import NamedTuple, Optional
 import torch
 
 from . import _errors, _fp8_experts, _mxfp8_experts
-from ._gate_up import gate_up_swiglu
+from ._down_combine import down_combine
+from ._gate_up import gate_up_h_act
 from ._ops import ops, plan_tile_for
 
 _SCORE_FUNCS = {"softmax": 0, "sigmoid": 1}
@@ -190,11 +191,11 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
         # for gate_up_proj's weight gradient, which would otherwise gather x again. (Gathering
         # on load in GEMM1 costs more than this copy: docs/performance-log.md, v11.)
         x_rows = ops.gather_rows(x.detach(), plan.src_of_row, None, K, plan.row_of)
-    # Two autograd nodes over the fused GEMM1 + SwiGLU kernel, so that h and d_act are freed before
-    # GEMM1's backward (peak memory: mok/_gate_up.py).
-    act = gate_up_swiglu(x, plan.src_of_row, plan.row_of, K, gate_up_proj, plan.offsets, x_rows)
-    rows = ops.grouped_mm(act, None, 1, down_proj, plan.offsets, True)
-    return ops.combine(rows, plan.row_of, plan.src_of_row, topk_w.to(acc).contiguous())
+    # GEMM1 + SwiGLU as one kernel whose autograd node hands back h (d_h frees h and d_act before
+    # GEMM1's backward: mok/_gate_up.py); GEMM2 + the weighted combine as one node that keeps only h
+    # for the backward and takes the router-weight gradient from d_act's side (mok/_down_combine.py).
+    h, act = gate_up_h_act(x, plan.src_of_row, plan.row_of, K, gate_up_proj, plan.offsets, x_rows)
+    return down_combine(h, act, down_proj, topk_w.to(acc).contiguous(), plan.row_of, plan.src_of_row, plan.offsets)
 
 
 check_errors = _errors.check_errors

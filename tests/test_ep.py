@@ -1,6 +1,7 @@
 """Expert parallelism on the CPU (runs in CI): the layout math, W virtual ranks in one process
 (pure-torch exchange) and real gloo processes over torch.distributed, each compared bitwise with
-the W = 1 result of mok.functional.moe_experts, forward and backward, on ragged routing."""
+the W = 1 result of mok's operators (the layer's math; reference() below), forward and backward, on
+ragged routing."""
 import datetime
 import os
 import tempfile
@@ -13,6 +14,8 @@ import torch.multiprocessing as mp
 import mok
 import mok.ep as ep
 from mok import functional
+from mok._gate_up import gate_up_swiglu
+from mok._ops import ops
 
 # ------------------------------------------------------------------------------------------------
 # inputs: tokens per rank differ, one rank has none, the last expert gets no tokens
@@ -34,12 +37,33 @@ def make_problem(seed, world, tokens, H=16, I=12, E=8, K=2, dtype=torch.float32)
 
 
 def reference(p):
-    """W = 1: all tokens on one rank. Returns y and the gradients of x, w, gate_up, down."""
+    """W = 1: all tokens on one rank, through mok's operators with their own autograd formulas
+    (GEMM1 + SwiGLU, GEMM2, the combine weighted by w), the formulation the expert-parallel layer
+    follows. Returns y and the gradients of x, w, gate_up, down.
+    NOTE: mok.functional.moe_experts gives the same y, and gradients equal up to rounding: it takes
+    the router-weight gradient from the other side of GEMM2 (mok/_down_combine.py;
+    test_reference_is_the_layer_up_to_rounding)."""
+    x, w = p["x"].clone().requires_grad_(), p["w"].clone().requires_grad_()
+    gu, dn = p["gu"].clone().requires_grad_(), p["dn"].clone().requires_grad_()
+    plan = functional.moe_plan(p["idx"].to(x.device), p["E"])
+    act = gate_up_swiglu(x, plan.src_of_row, plan.row_of, p["K"], gu, plan.offsets)
+    rows = ops.grouped_mm(act, None, 1, dn, plan.offsets, True)
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    y = ops.combine(rows, plan.row_of, plan.src_of_row, w.to(acc))
+    (y * p["dy"]).sum().backward()
+    return y.detach(), x.grad, w.grad, gu.grad, dn.grad
+
+
+def test_reference_is_the_layer_up_to_rounding():
+    p = make_problem(5, 1, [37], dtype=torch.float64)
+    y0, *g0 = reference(p)
     x, w = p["x"].clone().requires_grad_(), p["w"].clone().requires_grad_()
     gu, dn = p["gu"].clone().requires_grad_(), p["dn"].clone().requires_grad_()
     y = functional.moe_experts(x, p["idx"], w, gu, dn)
     (y * p["dy"]).sum().backward()
-    return y.detach(), x.grad, w.grad, gu.grad, dn.grad
+    assert torch.equal(y, y0)
+    for a, b in zip((x.grad, w.grad, gu.grad, dn.grad), g0):
+        assert (a - b).abs().max() <= 1e-12 * b.abs().max()
 
 
 def assert_same(a, b, what):
