@@ -81,6 +81,7 @@ class Result:
     fwd_tflops: float
     tflops: float  # fwd+bwd
     peak_gib: float
+    saved_gib: float  # held from the forward to the backward (autograd graph and y)
     speedup: float  # eager fwd+bwd ms / this fwd+bwd ms
     vs_mok: float  # mok (bf16) fwd+bwd ms / this fwd+bwd ms
     err_y: float  # ||y - y_eager|| / ||y_eager||
@@ -160,7 +161,7 @@ def measure(cfg: Config, name: str, fn: Callable, inputs, dy, args, ref: Optiona
 
     flops = common.moe_fwd_flops(cfg.T, cfg.H, cfg.I, cfg.K)
     row = dict(shape=cfg.shape, routing=cfg.routing, impl=name, fwd_ms=math.nan, bwd_ms=math.nan,
-               fwd_bwd_ms=math.nan, fwd_tflops=math.nan, tflops=math.nan, peak_gib=math.nan, speedup=math.nan, vs_mok=math.nan,
+               fwd_bwd_ms=math.nan, fwd_tflops=math.nan, tflops=math.nan, peak_gib=math.nan, saved_gib=math.nan, speedup=math.nan, vs_mok=math.nan,
                err_y=math.nan, err_grad=math.nan, note="")
     iters, warmup = args.iters, args.warmup
     if name == "naive":
@@ -185,6 +186,7 @@ def measure(cfg: Config, name: str, fn: Callable, inputs, dy, args, ref: Optiona
     row["fwd_tflops"] = common.tflops(flops, row["fwd_ms"])
     row["tflops"] = common.tflops(3 * flops, row["fwd_bwd_ms"])
     row["peak_gib"] = common.peak_memory_gib(fwd_bwd, dev)
+    row["saved_gib"] = common.held_after_gib(fwd, dev)
     row["_out"] = out
     return row
 
@@ -261,7 +263,8 @@ def more_rounds(rows: List[Dict], impls: Dict[str, Callable], inputs, dy, args, 
 COLUMNS = [
     ("shape", "shape", ""), ("routing", "routing", ""), ("impl", "impl", ""),
     ("fwd_ms", "fwd ms", ".3f"), ("bwd_ms", "bwd ms", ".3f"), ("fwd_bwd_ms", "fwd+bwd ms", ".3f"),
-    ("tflops", "TFLOP/s", ".1f"), ("peak_gib", "peak GiB", ".2f"), ("speedup", "vs eager", ".2f"),
+    ("tflops", "TFLOP/s", ".1f"), ("peak_gib", "peak GiB", ".2f"),
+    ("saved_gib", "saved GiB", ".2f"), ("speedup", "vs eager", ".2f"),
     ("speedup_lo", "lo", ".2f"), ("speedup_hi", "hi", ".2f"), ("vs_mok", "vs mok", ".2f"),
     ("err_y", "err y", ".1e"), ("err_grad", "err grad", ".1e"), ("note", "note", ""),
 ]
@@ -317,7 +320,7 @@ def main(argv=None):
     rows = [asdict(r) for r in results]
     print("\n" + common.format_table(rows, COLUMNS))
     notes = [f"fwd+bwd FLOPs = 3 x (2*T*K*H*2I + 2*T*K*I*H); 'vs eager' = eager fwd+bwd ms / impl fwd+bwd ms; "
-             f"'err y' = ||y - y_eager|| / ||y_eager|| (tolerance {ERR_TOL:g}, FP8 rows {ERR_TOL_FP8:g}); peak GiB above inputs and weights; "
+             f"'err y' = ||y - y_eager|| / ||y_eager|| (tolerance {ERR_TOL:g}, FP8 rows {ERR_TOL_FP8:g}); peak GiB above inputs and weights; saved GiB: held from the forward to the backward, y included; "
              f"L2 flush between timed calls: {args.flush_l2}; iters {args.iters}, warm-up {args.warmup}; "
              f"rounds {args.rounds} (fwd+bwd: median over the rounds; lo / hi: the per-round 'vs eager' range)."]
     common.write_results(args.out, env, rows, COLUMNS, "MoE experts layer, fwd / bwd", notes)

@@ -122,6 +122,22 @@ def peak_memory_gib(fn: Callable[[], object], device) -> float:
     return (torch.cuda.max_memory_allocated(device) - base) / GIB
 
 
+def held_after_gib(fwd: Callable[[], object], device) -> float:
+    """Device memory still allocated after fwd() while its output (and so the autograd graph with
+    the tensors saved for the backward) is alive, above what was allocated before: what a model
+    holds per layer between its forward and its backward. NaN on the CPU."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return float("nan")
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    out = fwd()
+    torch.cuda.synchronize(device)
+    held = torch.cuda.memory_allocated(device) - base
+    del out
+    return held / GIB
+
+
 # ------------------------------------------------------------------------------------------------
 # FLOPs
 # ------------------------------------------------------------------------------------------------
