@@ -15,9 +15,7 @@
  * Experiment switches (off by default): -DMOK_SM90_SKIP_EPILOGUE=1 (no stores from whole-segment
  * tiles) or 2 (chunks staged, no TMA stores): WRONG results, timing bounds of the epilogue;
  * -DMOK_SM90_EPI_LEND=0 (the epilogue stages in its own buffers only, not in the tile's last ring
- * stage: the kernel before v26); -DMOK_SM90_EPI_DEFER=0 (a plain tile's stores issued at once, not
- * under the next tile's first K-block: the kernel before v28); -DMOK_SM90_EPI_RETURN_KB=1 (the
- * lent stage given back one K-block later).
+ * stage: the kernel before v26).
  *
  * Operands are pseudo-random bf16 in [-1, 1) unless `const` asks for one repeated value (what the
  * v10-v13 measurements used: it keeps clocks high, and may flatter the memory system, as L2 and

@@ -124,23 +124,6 @@ enum {
 #define MOK_SM90_EPI_LEND 1
 #endif
 
-/* A plain tile's TMA stores are issued during the next tile's first K-block (MOK_SM90_EPI_DEFER, on
- * by default): the epilogue stages all of its chunks (lent stage and own buffers), one fence and one
- * barrier, and goes on to the next tile; thread 0 issues the stores once that tile's first wgmma
- * group is running, then gives the lent stage back as before. Why: the issue of a chunk's store
- * (~0.1 us) and its barrier sat on the tensor cores' critical path, 4 per warpgroup and tile (v26:
- * the stores cost 663 -> 642 TFLOP/s on Qwen3's down projection, staging alone 711 -> 663).
- * SwiGLU tiles (6 chunks per warpgroup, more than their buffers) store at once. 0: every store at
- * once (the kernel before v28). */
-#ifndef MOK_SM90_EPI_DEFER
-#define MOK_SM90_EPI_DEFER 1
-#endif
-/* Timing experiments only: the K-block (0 or 1) of the next tile after whose wgmma issue the lent
- * stage goes back (with MOK_SM90_EPI_DEFER, the deferred stores are issued at K-block 0 either way). */
-#ifndef MOK_SM90_EPI_RETURN_KB
-#define MOK_SM90_EPI_RETURN_KB 0
-#endif
-
 
 /* Shared memory of one CTA; the tile buffers come first so each is 1024-byte aligned (128B swizzle). */
 struct smem_layout {
@@ -225,14 +208,6 @@ struct epi_stager {
     int32_t groups;
     int32_t own_last[kEpiBufs];
     int32_t read_upto, read_pending;
-    /* groups committed so far (thread 0's bulk waits count these); below `groups` while a deferred
-     * tile's stores are staged but not issued */
-    int32_t issued;
-    /* A deferred tile (MOK_SM90_EPI_DEFER): def_n staged chunks, chunk j in def_buf[j], stored as the
-     * box at (def_c0 + 64 j, def_c1, def_c2) of def_map; def_n = 0: none. */
-    int32_t def_n, def_c0, def_c1, def_c2;
-    uint32_t def_buf[4];
-    const CUtensorMap* def_map;
 };
 
 __device__ __forceinline__ epi_stager make_epi_stager(uint32_t bufs, int wg, int t) {
@@ -256,11 +231,6 @@ __device__ __forceinline__ epi_stager make_epi_stager(uint32_t bufs, int wg, int
 #pragma unroll
     for (int i = 0; i < kEpiBufs; ++i) e.own_last[i] = -1;
     e.read_upto = e.read_pending = 0;
-    e.issued = 0;
-    e.def_n = e.def_c0 = e.def_c1 = e.def_c2 = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) e.def_buf[i] = 0;
-    e.def_map = nullptr;
     return e;
 }
 
@@ -278,26 +248,9 @@ __device__ __forceinline__ void bulk_wait_read_at_most(int32_t n) {
     }
 }
 
-/* Issues a deferred tile's stores (thread 0), in the order they were numbered. */
-__device__ __forceinline__ void epi_issue_deferred(epi_stager& e) {
-    if (e.def_n == 0) return;
-    if (e.t == 0 && MOK_SM90_SKIP_EPILOGUE != 2) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            if (j >= e.def_n) break;
-            tma_store_3d(e.def_map, e.def_buf[j], e.def_c0 + 64 * j, e.def_c1, e.def_c2);
-            bulk_commit_group();
-        }
-    }
-    e.issued += e.def_n;
-    e.def_n = 0;
-}
-
 /* A tile's epilogue starts; lent: its mainloop lent its last stage (consume_kblocks with lend_last
- * and at least one K-block), so the first chunks go there. A deferred tile still pending (no
- * mainloop ran since: a weight-gradient tile without K-blocks) is stored first. */
+ * and at least one K-block), so the first chunks go there. */
 __device__ __forceinline__ void epi_begin_tile(epi_stager& e, bool lent) {
-    epi_issue_deferred(e);
     e.lent_used = 0;
     e.use_lent = MOK_SM90_EPI_LEND && lent && e.lent_stage >= 0;
 }
@@ -316,8 +269,7 @@ __device__ __forceinline__ uint32_t epi_acquire(epi_stager& e) {
     e.own_last[kEpiBufs - 1] = e.groups; /* this chunk's store */
     if (last >= e.read_upto) {
         const long long t_acquire = MOK_TIMING_NOW();
-        /* (last < issued: a deferred tile's stores are issued before the next tile stages) */
-        if (e.t == 0) bulk_wait_read_at_most(e.issued - 1 - last);
+        if (e.t == 0) bulk_wait_read_at_most(e.groups - 1 - last);
         named_barrier_sync(1 + e.wg, 128);
         e.read_upto = last + 1;
         MOK_TIMING_ADD(TIMING_EPI_ACQUIRE, t_acquire);
@@ -361,7 +313,7 @@ __device__ __forceinline__ void epi_store(epi_stager& e, uint32_t buf, const CUt
     const int32_t next_last = e.own_last[0]; /* the last store of the next own buffer */
     /* (one own buffer: the next chunk's is this one, whose store is not issued yet) */
     const bool free_next = kFreeNext && kEpiBufs >= 2 && !e.use_lent && next_last >= e.read_upto;
-    if (free_next && e.t == 0) bulk_wait_read_at_most(e.issued - 1 - next_last);
+    if (free_next && e.t == 0) bulk_wait_read_at_most(e.groups - 1 - next_last);
     named_barrier_sync(1 + e.wg, 128);
     if (free_next) e.read_upto = next_last + 1;
     e.read_upto = e.read_pending > e.read_upto ? e.read_pending : e.read_upto;
@@ -370,39 +322,18 @@ __device__ __forceinline__ void epi_store(epi_stager& e, uint32_t buf, const CUt
         bulk_commit_group();
     }
     ++e.groups;
-    ++e.issued;
 }
 
-/* The n <= BN / 64 column chunks j of a plain tile, stored as the boxes at (c0 + 64 j, c1, c2) of
- * map: staged now and stored during the next tile's first K-block (MOK_SM90_EPI_DEFER, when the
- * tile lent its last stage, so that every chunk has a buffer without waiting for a store), or each
- * stored once staged. */
+/* The n <= BN / 64 column chunks j of a plain tile, stored as the boxes at coords(j) of map. */
+template <typename Coords>
 __device__ __forceinline__ void store_plain_chunks(epi_stager& e, const float* acc, int n, const CUtensorMap* map,
-                                                   int32_t c0, int32_t c1, int32_t c2) {
-    static_assert(BN / 64 <= 4 && BN / 64 <= kLentChunks + kEpiBufs, "a deferred tile stages all its chunks");
-    if (MOK_SM90_EPI_DEFER && e.use_lent) {
-#pragma unroll
-        for (int j = 0; j < BN / 64; ++j) {
-            if (j >= n) break;
-            e.def_buf[j] = epi_stage_acc(e, acc, j);
-            ++e.groups; /* numbered now, issued by epi_issue_deferred */
-        }
-        /* ---- every thread's chunks visible to TMA, one barrier for the tile ---- */
-        fence_proxy_async_shared();
-        named_barrier_sync(1 + e.wg, 128);
-        e.read_upto = e.read_pending > e.read_upto ? e.read_pending : e.read_upto;
-        e.def_n = n;
-        e.def_c0 = c0;
-        e.def_c1 = c1;
-        e.def_c2 = c2;
-        e.def_map = map;
-        return;
-    }
+                                                   Coords&& coords) {
 #pragma unroll
     for (int j = 0; j < BN / 64; ++j) {
         if (j >= n) break;
         const uint32_t buf = epi_stage_acc(e, acc, j);
-        epi_store(e, buf, map, c0 + 64 * j, c1, c2);
+        const int3 c = coords(j);
+        epi_store(e, buf, map, c.x, c.y, c.z);
     }
 }
 
@@ -421,7 +352,6 @@ __device__ __forceinline__ void epi_lend_stage(Layout& s, epi_stager& e, uint32_
  * K-block's wgmma is issued, so the wait overlaps the tensor cores' work. */
 template <int kCluster, typename Layout>
 __device__ __forceinline__ void epi_return_stage(Layout& s, epi_stager& e) {
-    epi_issue_deferred(e); /* the previous tile's stores, if deferred: they read the lent stage */
     e.use_lent = false;
     if (e.lent_stage < 0) return;
     if (e.t == 0) {
@@ -436,7 +366,6 @@ __device__ __forceinline__ void epi_return_stage(Layout& s, epi_stager& e) {
 /* The warpgroup's last store: the shared memory must outlive the reads (and a lent stage is not
  * needed any more: the producer is done). */
 __device__ __forceinline__ void epi_finish(epi_stager& e) {
-    epi_issue_deferred(e);
     if (e.t == 0) bulk_wait_group<0>();
 }
 
@@ -698,13 +627,8 @@ __device__ __forceinline__ void consume_kblocks(smem_layout& s, float* acc, int6
         if (kb == 0) {
             while_first_kblock_runs();
             /* (measured, v26: giving it back one K-block later was 1% slower) */
-            if (MOK_SM90_EPI_RETURN_KB == 0) {
-                epi_return_stage<kCluster>(s, epi);
-            } else {
-                epi_issue_deferred(epi);
-            }
+            epi_return_stage<kCluster>(s, epi);
         }
-        if (MOK_SM90_EPI_RETURN_KB != 0 && kb == 1) epi_return_stage<kCluster>(s, epi);
         wgmma_wait_group<1>();
         /* ---- release the previous stage: one arrival per consumer warp (in both CTAs of a
          * cluster: either producer writes into both) ---- */
@@ -715,8 +639,6 @@ __device__ __forceinline__ void consume_kblocks(smem_layout& s, float* acc, int6
             phase ^= 1;
         }
     }
-    /* (the stage lent to the previous tile goes back before this tile lends its last one) */
-    if (MOK_SM90_EPI_RETURN_KB != 0 && num_kb == 1) epi_return_stage<kCluster>(s, epi);
     const long long t_drain = MOK_TIMING_NOW();
     wgmma_wait_group<0>();
     if (num_kb > 0) {
@@ -758,7 +680,7 @@ __device__ __forceinline__ void store_tile_tma(epi_stager& e, const params& p, c
     } else {
         const int64_t c0 = n_tile * BN;
         const int n = (int)((p.N - c0 + 63) / 64 < BN / 64 ? (p.N - c0 + 63) / 64 : BN / 64);
-        store_plain_chunks(e, acc, n, tma_out, (int32_t)c0, row0, 0);
+        store_plain_chunks(e, acc, n, tma_out, [&](int j) { return make_int3((int)c0 + 64 * j, row0, 0); });
     }
 }
 
@@ -983,7 +905,8 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
         if (m0 >= p.M) continue;
         const int64_t c0 = tile.n_tile * BN;
         const int n = (int)((p.N - c0 + 63) / 64 < BN / 64 ? (p.N - c0 + 63) / 64 : BN / 64);
-        store_plain_chunks(epi, acc, n, tma_out, (int32_t)c0, (int32_t)m0, (int32_t)tile.group);
+        store_plain_chunks(epi, acc, n, tma_out,
+                           [&](int j) { return make_int3((int)c0 + 64 * j, (int)m0, (int)tile.group); });
     }
     epi_finish(epi);
 }
