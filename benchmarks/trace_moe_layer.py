@@ -8,7 +8,10 @@ kernels, this says which kernels or gaps make the difference.
     python benchmarks/trace_moe_layer.py --quick                                     # CPU smoke test
 
 No L2 flush between steps (the profiler's own overhead would be in the flush's shadow anyway);
-steps are synchronised one by one so that each step's span is its own."""
+steps are synchronised one by one so that each step's span is its own. With --queued the steps are
+queued back to back as bench_moe_layer.py times them (one sync at the end): the idle time per step
+is then what launch gaps cost when the host is ahead, and the largest gaps are listed with the
+kernels on either side."""
 import argparse
 import collections
 import json
@@ -45,27 +48,49 @@ def gpu_kernels(trace_path: str):
     return sorted(out, key=lambda k: k[1])
 
 
-def trace(fn, steps: int, device):
-    """Runs fn() `steps` times under the profiler, one synchronised step per profiler step.
-    Returns per-kernel totals (ms per step), kernel time per step and span per step (ms)."""
-    step_marks = []
+def gap_us(kernels, i: int) -> float:
+    """GPU idle time (us) between kernel i - 1's end and kernel i's start."""
+    return kernels[i][1] - (kernels[i - 1][1] + kernels[i - 1][2])
+
+
+def trace(fn, steps: int, device, queued: bool = False, largest_gaps: int = 0):
+    """Runs fn() `steps` times under the profiler, one synchronised step per profiler step (queued:
+    back to back, one sync at the end). Returns per-kernel totals (ms per step), kernel time per
+    step and span per step (ms); with largest_gaps > 0 it also prints the largest gaps."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
+        common.sync(device)
         for _ in range(steps):
-            common.sync(device)
             with torch.profiler.record_function("mok_trace_step"):
                 fn()
-            common.sync(device)
+            if not queued:
+                common.sync(device)
+        common.sync(device)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "trace.json")
         prof.export_chrome_trace(path)
         kernels = gpu_kernels(path)
-    del step_marks
     if not kernels:
         return {}, float("nan"), float("nan")
+    gaps = sorted(range(1, len(kernels)), key=lambda i: gap_us(kernels, i))
+    if largest_gaps > 0:
+        big = gaps[::-1][:largest_gaps]
+        print(f"   gaps between kernels: {len(gaps)}, over 5 us: {sum(gap_us(kernels, i) > 5 for i in gaps)}, "
+              f"median {gap_us(kernels, gaps[len(gaps) // 2]) if gaps else float('nan'):.1f} us; largest:")
+        for i in big:
+            print(f"   {gap_us(kernels, i):8.1f} us  after {kernels[i - 1][0][:45]}  before {kernels[i][0][:45]}")
+    if queued:
+        # one span over all the steps: the idle per step is the launch gaps' cost with the host ahead
+        span = kernels[-1][1] + kernels[-1][2] - kernels[0][1]
+        busy = sum(k[2] for k in kernels)
+        totals = collections.defaultdict(lambda: [0.0, 0])
+        for name, _ts, dur in kernels:
+            totals[name][0] += dur
+            totals[name][1] += 1
+        return ({n: (t / steps / 1e3, c / steps) for n, (t, c) in totals.items()}, busy / steps / 1e3,
+                span / steps / 1e3)
     # Steps are separated by host synchronisations: split where the GPU idles longer than any gap
     # inside a step can be (the sync + Python between steps), i.e. cut at the steps-1 largest gaps.
-    gaps = sorted(range(1, len(kernels)), key=lambda i: kernels[i][1] - (kernels[i - 1][1] + kernels[i - 1][2]))
     cuts = sorted(gaps[-(steps - 1):]) if steps > 1 else []
     bounds = [0] + cuts + [len(kernels)]
     spans, busy = [], []
@@ -89,6 +114,9 @@ def main(argv=None):
                    help=f"comma list from {', '.join(n for n in bench_moe_layer.IMPLS if n != 'compiled')}")
     p.add_argument("--steps", type=int, default=3, help="profiled fwd+bwd steps (after 3 untimed ones)")
     p.add_argument("--top", type=int, default=25, help="kernels listed per run")
+    p.add_argument("--queued", action="store_true",
+                   help="steps queued back to back (no sync between them), as bench_moe_layer.py times them")
+    p.add_argument("--gaps", type=int, default=0, help="list this many of the largest gaps between kernels")
     p.add_argument("--device", default=None)
     p.add_argument("--quick", action="store_true", help="tiny shapes, for a CPU smoke test")
     args = p.parse_args(argv)
@@ -107,9 +135,10 @@ def main(argv=None):
 
             for _ in range(3):
                 step()
-            per_kernel, busy_ms, span_ms = trace(step, args.steps, dev)
-            print(f"\n== {cfg.shape} {cfg.routing} {impl}: span {span_ms:.3f} ms per step, kernels {busy_ms:.3f} ms, "
-                  f"GPU idle inside the step {span_ms - busy_ms:.3f} ms")
+            print(f"\n== {cfg.shape} {cfg.routing} {impl}{' (steps queued)' if args.queued else ''}", flush=True)
+            per_kernel, busy_ms, span_ms = trace(step, args.steps, dev, args.queued, args.gaps)
+            print(f"   span {span_ms:.3f} ms per step, kernels {busy_ms:.3f} ms, "
+                  f"GPU idle {'per step' if args.queued else 'inside the step'} {span_ms - busy_ms:.3f} ms")
             rows = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:args.top]
             print(common.format_table([dict(kernel=n, ms=t, calls=c) for n, (t, c) in rows],
                                       [("kernel", "kernel", ""), ("ms", "ms/step", ".3f"), ("calls", "calls", ".0f")]))
