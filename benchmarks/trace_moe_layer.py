@@ -81,18 +81,12 @@ def trace(fn, steps: int, device, queued: bool = False, largest_gaps: int = 0):
             print(f"   {gap_us(kernels, i):8.1f} us  after {kernels[i - 1][0][:45]}  before {kernels[i][0][:45]}")
     if queued:
         # one span over all the steps: the idle per step is the launch gaps' cost with the host ahead
-        span = kernels[-1][1] + kernels[-1][2] - kernels[0][1]
-        busy = sum(k[2] for k in kernels)
-        totals = collections.defaultdict(lambda: [0.0, 0])
-        for name, _ts, dur in kernels:
-            totals[name][0] += dur
-            totals[name][1] += 1
-        return ({n: (t / steps / 1e3, c / steps) for n, (t, c) in totals.items()}, busy / steps / 1e3,
-                span / steps / 1e3)
-    # Steps are separated by host synchronisations: split where the GPU idles longer than any gap
-    # inside a step can be (the sync + Python between steps), i.e. cut at the steps-1 largest gaps.
-    cuts = sorted(gaps[-(steps - 1):]) if steps > 1 else []
-    bounds = [0] + cuts + [len(kernels)]
+        bounds = [0, len(kernels)]
+    else:
+        # Steps are separated by host synchronisations: split where the GPU idles longer than any
+        # gap inside a step can be (the sync + Python between steps): at the steps-1 largest gaps.
+        cuts = sorted(gaps[-(steps - 1):]) if steps > 1 else []
+        bounds = [0] + cuts + [len(kernels)]
     spans, busy = [], []
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         ks = kernels[lo:hi]
@@ -103,7 +97,8 @@ def trace(fn, steps: int, device, queued: bool = False, largest_gaps: int = 0):
         totals[name][0] += dur
         totals[name][1] += 1
     per_step = {n: (t / steps / 1e3, c / steps) for n, (t, c) in totals.items()}
-    return per_step, sum(busy) / len(busy) / 1e3, sum(spans) / len(spans) / 1e3
+    n = steps if queued else len(spans)
+    return per_step, sum(busy) / n / 1e3, sum(spans) / n / 1e3
 
 
 def main(argv=None):
