@@ -13,6 +13,10 @@ shape, in the passes of training:
     python benchmarks/bench_gemm_fp8.py --passes fwd,dgrad,wgrad --shapes mixtral_8x7b,dsv3_ep8_slice
     python benchmarks/bench_gemm_fp8.py --quick                       # tiny shapes, CPU smoke test
 
+GEMM1's forward also runs as the layer does: 'mok_fp8_swiglu' is the one kernel that writes h and
+act = SwiGLU(h) (mok.fp8_gemm.grouped_mm_swiglu_blockwise), 'mok_fp8_then_swiglu' the same GEMM
+followed by the stand-alone swiglu op (what the layer ran before); its TFLOP/s count the GEMM's FLOPs.
+
 Issue 5's GEMM criteria read off one run: mok FP8 TFLOP/s (target 1250 on Mixtral and DeepSeek-V3)
 and its ratio to mok BF16 ('vs mok bf16', target 1.8). Operands are quantised before timing (the
 GEMMs alone are timed). Routing is exactly balanced, as in bench_gemm.py; FLOPs are 2 * rows * N * K
@@ -97,7 +101,7 @@ def pass_impls(cfg: Config, P, Q):
     lhs_q, lhs_s = Q["lhs_rw"]
     w_q, w_s = Q["w_rw"]
     dq, ds = Q["dense_rw"]
-    return {
+    impls = {
         "mok_bf16": lambda: ops.grouped_mm(lhs_plan, None, 1, P["w"], plan.offsets, trans_b),
         "mok_fp8": lambda: mok.fp8_gemm.grouped_mm_blockwise(*Q["lhs"], *Q["w"], plan.offsets),
         "torch_scaled_grouped_mm": lambda: torch._scaled_grouped_mm(
@@ -107,6 +111,16 @@ def pass_impls(cfg: Config, P, Q):
         "cublas_bf16": lambda: torch.mm(P["a_sorted"] if trans_b else P["d_sorted"],
                                         P["w_dense"].t() if trans_b else P["w_dense"]),
     }
+    if cfg.gemm == "gemm1" and cfg.gpass == "fwd":  # (h is the output compared; act is computed too)
+        impls["mok_fp8_swiglu"] = lambda: mok.fp8_gemm.grouped_mm_swiglu_blockwise(*Q["lhs"], *Q["w"], plan.offsets)[1]
+
+        def then_swiglu():
+            h = mok.fp8_gemm.grouped_mm_blockwise(*Q["lhs"], *Q["w"], plan.offsets)
+            ops.swiglu(h)
+            return h
+
+        impls["mok_fp8_then_swiglu"] = then_swiglu
+    return impls
 
 
 def run(cfg: Config, args) -> List[Dict]:
@@ -125,7 +139,7 @@ def run(cfg: Config, args) -> List[Dict]:
                 out = fn()
                 if name == "mok_bf16":
                     ref = real_rows(cfg, out, P)
-                elif ref is not None and name in ("mok_fp8", "torch_scaled_grouped_mm"):
+                elif ref is not None and (name.startswith("mok_fp8") or name == "torch_scaled_grouped_mm"):
                     # torch's grouped output holds the sorted real rows: the plan order of a balanced plan
                     got = out if name == "torch_scaled_grouped_mm" else real_rows(cfg, out, P)
                     row["err"] = common.rel_err(got, ref)

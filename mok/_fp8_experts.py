@@ -3,8 +3,8 @@ of the forward run on E4M3 operands; the backward's GEMMs in BF16, or in FP8 too
 GEMMs with fp8_dgrad=True, its two weight-gradient GEMMs with fp8_wgrad=True (either or both).
 
     x_rows = gather(x)                                     bf16 [R, H]
-    h      = FP8GEMM(q(x_rows), Q(gate_up))                 q: 1 x 128 scales, Q: 128 x 128 scales
-    act    = SwiGLU(h)                                      bf16 [R, I]
+    h, act = FP8GEMM(q(x_rows), Q(gate_up)), SwiGLU(h)      q: 1 x 128 scales, Q: 128 x 128 scales;
+                                                            one kernel (SwiGLU in its epilogue)
     rows   = FP8GEMM(q(act), Q(down))
     y      = combine(rows)
 
@@ -40,7 +40,7 @@ Shapes: H, I multiples of 128 (whole scale blocks, as the FP8 GEMM needs); bf16 
 import torch
 
 from . import fp8
-from ._gate_up import gate_up_backward
+from ._gate_up import _SwiGLUOf, gate_up_backward
 from ._ops import ops
 from .fp8_gemm import BLOCK, colwise_operand, quantize_colwise_blockwise, quantize_weight_blockwise
 
@@ -109,26 +109,29 @@ def _quantize_grad(g, row, col):
 
 
 class _Fp8GateUp(torch.autograd.Function):
-    """h = x_rows @ gate_up[e]^T in FP8; backward as mok's BF16 _GateUp (d_x summed over each
-    token's rows, d_gate_up over x_rows), its dgrad in FP8 when the transposed codes are given, its
-    weight gradient in FP8 when fp8_wgrad (then x_rows' column-wise codes are saved, not x_rows)."""
+    """(h, act) = x_rows @ gate_up[e]^T in FP8 and SwiGLU(h), one kernel; act is not differentiable
+    here (its gradient reaches h through _SwiGLUOf, as in the BF16 path). Backward as mok's BF16
+    _GateUp (d_x summed over each token's rows, d_gate_up over x_rows), its dgrad in FP8 when the
+    transposed codes are given, its weight gradient in FP8 when fp8_wgrad (then x_rows' column-wise
+    codes are saved, not x_rows)."""
 
     @staticmethod
     def forward(ctx, x, gate_up, src_of_row, row_of, top_k, offsets, x_rows, w_q, w_s, wt_q, wt_s, fp8_wgrad):
         xt_q = xt_s = None
         if fp8_wgrad:
             xq = fp8.quantize_rowcol(x_rows, ACT_RECIPE)
-            h = ops.grouped_mm_fp8(xq.q, xq.scales, w_q, w_s, offsets)
+            act, h = ops.grouped_mm_fp8_swiglu(xq.q, xq.scales, w_q, w_s, offsets)
             (xt_q, xt_s), x_rows = colwise_operand(xq), None
         else:
-            h = _fp8_mm(x_rows, w_q, w_s, offsets)
+            act, h = ops.grouped_mm_fp8_swiglu(*ops.quantize_fp8(x_rows, ACT_RECIPE), w_q, w_s, offsets)
         ctx.save_for_backward(x, gate_up, src_of_row, row_of, offsets, x_rows, wt_q, wt_s, xt_q, xt_s)
         ctx.top_k = top_k
+        ctx.mark_non_differentiable(act)
         ctx.set_materialize_grads(False)
-        return h
+        return h, act
 
     @staticmethod
-    def backward(ctx, d_h):
+    def backward(ctx, d_h, _d_act):
         x, gate_up, src_of_row, row_of, offsets, x_rows, wt_q, wt_s, xt_q, xt_s = ctx.saved_tensors
         if d_h is None:
             return (None,) * 12
@@ -217,9 +220,9 @@ def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj, fp8_dgrad
     # column-wise copies of x_rows and act only where a weight gradient will be taken
     wgrad1 = bool(fp8_wgrad and grad and gate_up_proj.requires_grad)
     wgrad2 = bool(fp8_wgrad and grad and down_proj.requires_grad)
-    h = _Fp8GateUp.apply(x, gate_up_proj, plan.src_of_row, plan.row_of, top_k, plan.offsets, x_rows, w1_q, w1_s,
-                         w1t_q, w1t_s, wgrad1)
+    h, act = _Fp8GateUp.apply(x, gate_up_proj, plan.src_of_row, plan.row_of, top_k, plan.offsets, x_rows, w1_q,
+                              w1_s, w1t_q, w1t_s, wgrad1)
     del x_rows  # with fp8_wgrad only its FP8 copies live on
-    act = ops.swiglu(h)
+    act = _SwiGLUOf.apply(h, act) if h.requires_grad else act
     rows = _Fp8Down.apply(act, down_proj, plan.offsets, w2_q, w2_s, w2t_q, w2t_s, wgrad2)
     return ops.combine(rows, plan.row_of, plan.src_of_row, topk_w.to(acc).contiguous())

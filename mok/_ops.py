@@ -157,6 +157,12 @@ def _grouped_mm_fp8_fake(a, a_scales, b, b_scales, offsets):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.bfloat16)
 
 
+@torch.library.register_fake("mok::grouped_mm_fp8_swiglu")
+def _grouped_mm_fp8_swiglu_fake(a, a_scales, b, b_scales, offsets):
+    R, N = a.shape[0], b.shape[1]
+    return a.new_empty((R, N // 2), dtype=torch.bfloat16), a.new_empty((R, N), dtype=torch.bfloat16)
+
+
 @torch.library.register_fake("mok::grouped_mm_fp8_wgrad")
 def _grouped_mm_fp8_wgrad_fake(a, a_scales, b, b_scales, offsets):
     return a.new_empty((offsets.shape[0] - 1, a.shape[0], b.shape[0]), dtype=torch.bfloat16)
@@ -298,6 +304,7 @@ ALL_OPS = (
     "dequantize_fp8",
     "quantize_fp8_rowcol",
     "grouped_mm_fp8",
+    "grouped_mm_fp8_swiglu",
     "grouped_mm_fp8_wgrad",
     "qdq_mxfp8",
     "device_errors",

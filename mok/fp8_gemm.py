@@ -9,6 +9,7 @@ expert's rows, on column-wise copies of both operands).
     b_q, b_scales = mok.fp8_gemm.quantize_weight_blockwise(w)         # w [E, N, K]
     plan = mok.functional.moe_plan(topk_idx, E)                       # 128-aligned on CUDA
     out = mok.fp8_gemm.grouped_mm_blockwise(a_q, a_scales, b_q, b_scales, plan.offsets)   # [R, N] bf16
+    act, h = mok.fp8_gemm.grouped_mm_swiglu_blockwise(a_q, a_scales, w1_q, w1_s, plan.offsets)  # [gate | up] rows
 
     # weight gradient: d_w[e] = d_out[rows of e]^T @ rows[rows of e], [E, N, K]
     g_q, g_s = mok.fp8_gemm.quantize_colwise_blockwise(d_out)        # d_out [R, N]: g_q [N, R]
@@ -54,6 +55,15 @@ def grouped_mm_blockwise(a_q, a_scales, b_q, b_scales, offsets):
 
     Forward only: there is no autograd formula (gradients do not flow through this op)."""
     return ops.grouped_mm_fp8(a_q, a_scales, b_q, b_scales, offsets)
+
+
+def grouped_mm_swiglu_blockwise(a_q, a_scales, b_q, b_scales, offsets):
+    """GEMM1 of the experts with SwiGLU: (act [R, I], h [R, 2I]), both bf16, where b_q [E, 2I, K] holds
+    each expert's [gate | up] rows (I a multiple of 128), h = grouped_mm_blockwise(a_q, a_scales, b_q,
+    b_scales, offsets) and act = mok.ops.swiglu(h), bit for bit. On CUDA one kernel: the SwiGLU runs in
+    the GEMM's epilogue on the rounded h values, so no pass reads h back. Forward only, as
+    grouped_mm_blockwise."""
+    return ops.grouped_mm_fp8_swiglu(a_q, a_scales, b_q, b_scales, offsets)
 
 
 def grouped_mm_wgrad_blockwise(a_q, a_scales, b_q, b_scales, offsets):

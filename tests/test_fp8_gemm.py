@@ -339,6 +339,60 @@ def test_compile_fullgraph_cpu():
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 
+# ================================================================ SwiGLU form (GEMM1 of the experts)
+# mok::grouped_mm_fp8_swiglu (mok.fp8_gemm.grouped_mm_swiglu_blockwise): (act, h) with h what
+# grouped_mm_fp8 computes and act = mok.ops.swiglu(h), both bit for bit (CUDA: one kernel with the
+# SwiGLU in its epilogue, 64 gate + 64 up rows of b per tile; CPU: the two ops).
+
+# (T, top_k, E, I, K, routing): b has N = 2I rows [gate | up]
+SWIGLU_CASES = [
+    pytest.param(50, 2, 4, 128, 384, "random", id="balanced-I128"),
+    pytest.param(37, 2, 6, 256, 128, "empty_expert", id="empty-expert-I256"),
+    pytest.param(53, 1, 5, 384, 256, "one_expert", id="one-expert-takes-all-I384"),
+    pytest.param(1, 2, 4, 128, 256, "random", id="T1"),
+    pytest.param(0, 2, 4, 128, 128, "random", id="T0"),
+    pytest.param(150, 4, 16, 256, 256, "zipf", id="zipf-many-tiles"),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T,top_k,E,I,K,routing", SWIGLU_CASES)
+def test_swiglu_form_is_the_gemm_then_swiglu(device, T, top_k, E, I, K, routing, _fresh_seed):
+    a_q, a_s, b_q, b_s, plan = make_operands(T, top_k, E, 2 * I, K, routing, device)
+    R = a_q.shape[0]
+    poison(a_q.device, R * 3 * I)
+    act, h = mok.fp8_gemm.grouped_mm_swiglu_blockwise(a_q, a_s, b_q, b_s, plan.offsets)
+    mok.check_errors(synchronize=True)
+    assert act.shape == (R, I) and h.shape == (R, 2 * I) and act.dtype == h.dtype == torch.bfloat16
+    h_ref = run_op(a_q, a_s, b_q, b_s, plan.offsets)
+    assert torch.equal(h.view(torch.int16), h_ref.view(torch.int16)), f"seed {_fresh_seed}: h differs"
+    assert torch.equal(act.view(torch.int16), ops.swiglu(h_ref).view(torch.int16)), \
+        f"seed {_fresh_seed}: act is not the swiglu op on h"
+    assert torch.isfinite(act.cpu()).all(), "act rows left unwritten (NaN poison) or overflow"
+    outside = outside_rows(plan.offsets, R)
+    assert not act.cpu()[outside].any(), "rows outside the experts: act must be 0"
+    want = reference.swiglu(reference.grouped_mm_fp8_blockwise(a_q, a_s, b_q, b_s, plan.offsets))
+    assert rel_err(act, want) < 2 * TOL, f"seed {_fresh_seed}"  # h's rounding, then act's
+
+
+def test_swiglu_form_needs_whole_scale_blocks_per_half():
+    a_q, a_s, b_q, b_s, offsets = good_args(N=128)  # I = 64: a scale block would span gate and up
+    with pytest.raises(ValueError, match=r"b.shape\[1\] must be 2 \* I, \[gate \| up\], with I a multiple of 128"):
+        mok.fp8_gemm.grouped_mm_swiglu_blockwise(a_q, a_s, b_q, b_s, offsets)
+    with pytest.raises(ValueError, match=r"a must be Float8_e4m3fn"):  # the forward's checks
+        mok.fp8_gemm.grouped_mm_swiglu_blockwise(a_q.bfloat16(), a_s, b_q, b_s, offsets)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_swiglu_form_opcheck(device):
+    utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    for args in opcheck_cases(device):
+        a_q, a_s, _, _, offsets = args
+        E, K = args[2].shape[0], a_q.shape[1]
+        b_q, b_s = mok.fp8_gemm.quantize_weight_blockwise(torch.randn(E, 256, K, device=device).bfloat16())
+        torch.library.opcheck(ops.grouped_mm_fp8_swiglu.default, (a_q, a_s, b_q, b_s, offsets), test_utils=utils)
+
+
 # ================================================================ weight gradient (K-grouped)
 # mok::grouped_mm_fp8_wgrad (mok.fp8_gemm.grouped_mm_wgrad_blockwise): out[e] = deq(a)[:, rows of e]
 # @ deq(b)[:, rows of e]^T, on column-wise copies a [M, R], b [N, R] with 1x128 scales along R, stored

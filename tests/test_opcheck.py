@@ -47,6 +47,7 @@ def op_cases(device):
         "quantize_fp8_rowcol": [(torch.randn(130, 40, device=device, dtype=dt), r)
                                 for r in ("blockwise_1x128", "mxfp8") for dt in (torch.bfloat16, torch.float32)],
         "grouped_mm_fp8": [fp8_gemm_case(device)],
+        "grouped_mm_fp8_swiglu": [fp8_gemm_case(device)],  # b's 256 rows: [gate | up] of I = 128
         "grouped_mm_fp8_wgrad": [fp8_wgrad_case(device)],
         "qdq_mxfp8": [(torch.randn(96, 64, device=device, dtype=torch.bfloat16), None, True, False),
                       (torch.randn(96, 64, device=device, dtype=torch.bfloat16),
@@ -90,7 +91,7 @@ def test_every_op_has_a_case():
 def test_opcheck(device, name):
     # NOTE: opcheck's schema test does arithmetic on the inputs, which float8 tensors do not support.
     utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    kw = {"test_utils": utils} if name in ("dequantize_fp8", "grouped_mm_fp8", "grouped_mm_fp8_wgrad") else {}
+    kw = {"test_utils": utils} if name in ("dequantize_fp8", "grouped_mm_fp8", "grouped_mm_fp8_swiglu", "grouped_mm_fp8_wgrad") else {}
     for args in op_cases(device)[name]:
         torch.library.opcheck(getattr(ops, name).default, args, **kw)
 

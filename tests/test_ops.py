@@ -142,9 +142,10 @@ def test_gather_rows_by_token_is_bitwise_the_per_row_gather(device, case, weight
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_swiglu_forward_backward(device, dtype):
-    h = torch.randn(77, 2 * 45, dtype=torch.float64)
-    d_act = torch.randn(77, 45, dtype=torch.float64)
+@pytest.mark.parametrize("I", [45, 96])  # the scalar kernels, and bf16's 8-wide vectors
+def test_swiglu_forward_backward(device, dtype, I):
+    h = 2 * torch.randn(77, 2 * I, dtype=torch.float64)
+    d_act = torch.randn(77, I, dtype=torch.float64)
     href = h.clone().requires_grad_(True)
     reference.swiglu(href).backward(d_act)
     act = ops.swiglu(h.to(device, dtype))

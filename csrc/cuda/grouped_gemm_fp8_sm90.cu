@@ -22,6 +22,11 @@ bool pointers_aligned(const Args* a) {
     return (((uintptr_t)a->a | (uintptr_t)a->b | (uintptr_t)a->out | (uintptr_t)a->sa | (uintptr_t)a->sb) % 16) == 0;
 }
 
+/* The forward's SwiGLU variant: 64 gate + 64 up rows of B per tile, each inside one scale block. */
+bool swiglu_shape_ok(const struct mok_grouped_gemm_fp8_args* a) {
+    return a->act == NULL || (a->N % (2 * 64) == 0 && (uintptr_t)a->act % 16 == 0);
+}
+
 bool sm90_enabled() {
     const char* env = getenv("MOK_DISABLE_SM90");
     return !(env && env[0] && env[0] != '0');
@@ -36,10 +41,11 @@ int fp8_cluster_size() {
 
 /* Persistent launch of one kernel variant over `units` work units (tiles, or pairs of M-tiles;
  * shared memory opted in once per variant). */
-template <bool kWgrad, int kCluster>
+template <bool kWgrad, int kCluster, bool kSwiGLU = false>
 int launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_b_half,
-           const CUtensorMap& tma_out, const f8::params& p, int64_t units, int num_sms_hint, cudaStream_t stream) {
-    auto kernel = f8::grouped_gemm_fp8_nt_kernel<kWgrad, kCluster>;
+           const CUtensorMap& tma_out, const CUtensorMap& tma_act, const f8::params& p, int64_t units,
+           int num_sms_hint, cudaStream_t stream) {
+    auto kernel = f8::grouped_gemm_fp8_nt_kernel<kWgrad, kCluster, kSwiGLU>;
     const int smem = (int)sizeof(f8::smem_layout) + 1024;
     static bool configured = false;
     if (!configured) {
@@ -49,12 +55,13 @@ int launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap
     }
     const int num_sms = num_sms_hint > 0 ? num_sms_hint : mok_num_sms();
     if (kCluster == 1) {
-        kernel<<<mok_sched_grid(units, num_sms, 1), f8::kThreads, smem, stream>>>(tma_a, tma_b, tma_b_half, tma_out, p);
+        kernel<<<mok_sched_grid(units, num_sms, 1), f8::kThreads, smem, stream>>>(tma_a, tma_b, tma_b_half, tma_out,
+                                                                                   tma_act, p);
         return mok_launch_status();
     }
     static int max_clusters = 0;
     return mok_launch_persistent_clusters(kernel, kCluster, units, num_sms, f8::kThreads, smem, stream, &max_clusters,
-                                          tma_a, tma_b, tma_b_half, tma_out, p);
+                                          tma_a, tma_b, tma_b_half, tma_out, tma_act, p);
 }
 
 }  // namespace
@@ -63,7 +70,7 @@ extern "C" int mok_grouped_gemm_fp8_supported(const struct mok_grouped_gemm_fp8_
     if (!sm90_enabled()) return 0;
     if (a->R < 0 || a->E < 1 || a->E > MOK_INT32_LIMIT || a->R > MOK_INT32_LIMIT) return 0;
     if (a->K <= 0 || a->N <= 0 || a->K % f8::BK || a->N % f8::SCALE_BLOCK) return 0;
-    if (!pointers_aligned(a)) return 0;
+    if (!pointers_aligned(a) || !swiglu_shape_ok(a)) return 0;
     return mok_tma::is_hopper() && mok_tma::encode_fn() != NULL;
 }
 
@@ -72,9 +79,9 @@ extern "C" int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args*
     if (a->R == 0) return MOK_OK;
     MOK_CHECK_ARG(a->a != NULL && a->sa != NULL && a->b != NULL && a->sb != NULL && a->offsets != NULL &&
                   a->out != NULL);
-    MOK_CHECK_ARG(a->K % f8::BK == 0 && a->N % f8::SCALE_BLOCK == 0 && pointers_aligned(a));
+    MOK_CHECK_ARG(a->K % f8::BK == 0 && a->N % f8::SCALE_BLOCK == 0 && pointers_aligned(a) && swiglu_shape_ok(a));
 
-    CUtensorMap tma_a, tma_b, tma_b_half, tma_out;
+    CUtensorMap tma_a, tma_b, tma_b_half, tma_out, tma_act;
     {
         /* A [R, K] bytes: boxes of 128 rows x 128 K (one 128-byte swizzle row each) */
         const cuuint64_t dims[2] = {(cuuint64_t)a->K, (cuuint64_t)a->R};
@@ -101,6 +108,16 @@ extern "C" int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args*
         if (!mok_tma::encode(&tma_out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a->out, 3, dims, strides, box))
             return MOK_ERR_ARG;
     }
+    tma_act = tma_out;
+    if (a->act != NULL) {
+        /* act [1, R, N / 2] bf16, the same boxes */
+        const int64_t I = a->N / 2;
+        const cuuint64_t dims[3] = {(cuuint64_t)I, (cuuint64_t)a->R, 1};
+        const cuuint64_t strides[2] = {(cuuint64_t)I * 2, (cuuint64_t)(I * a->R * 2)};
+        const cuuint32_t box[3] = {64, 64, 1};
+        if (!mok_tma::encode(&tma_act, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a->act, 3, dims, strides, box))
+            return MOK_ERR_ARG;
+    }
     f8::params p;
     p.sa = a->sa;
     p.sb = a->sb;
@@ -111,15 +128,18 @@ extern "C" int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args*
     p.Kd = a->K;
     p.num_n_tiles = mok_ceil_div(a->N, f8::BN);
     p.num_kb = a->K / f8::BK;
+    p.I = a->N / 2;
     p.error_flag = a->error_flag;
 
     /* NOTE: a pair needs two SMs of one GPC; with fewer SMs than that, one CTA per cluster */
     const int num_sms = a->num_sms > 0 ? a->num_sms : mok_num_sms();
+    const int64_t tiles = mok_ceil_div(a->R, f8::BM) * p.num_n_tiles; /* SwiGLU: N / 128 = I / 64 tiles per row */
+    if (a->act != NULL) /* (single CTAs: the pairs' multicast halves are not the gate and up halves) */
+        return launch<false, 1, true>(tma_a, tma_b, tma_b_half, tma_out, tma_act, p, tiles, num_sms, stream);
     if (fp8_cluster_size() == 2 && num_sms >= 2)
-        return launch<false, 2>(tma_a, tma_b, tma_b_half, tma_out, p, mok_ceil_div(a->R, 2 * f8::BM) * p.num_n_tiles,
-                                num_sms, stream);
-    return launch<false, 1>(tma_a, tma_b, tma_b_half, tma_out, p, mok_ceil_div(a->R, f8::BM) * p.num_n_tiles, num_sms,
-                            stream);
+        return launch<false, 2>(tma_a, tma_b, tma_b_half, tma_out, tma_act, p,
+                                mok_ceil_div(a->R, 2 * f8::BM) * p.num_n_tiles, num_sms, stream);
+    return launch<false, 1>(tma_a, tma_b, tma_b_half, tma_out, tma_act, p, tiles, num_sms, stream);
 }
 
 extern "C" int mok_grouped_gemm_fp8_wgrad_supported(const struct mok_grouped_gemm_fp8_wgrad_args* a) {
@@ -175,5 +195,6 @@ extern "C" int mok_grouped_gemm_fp8_wgrad_cuda(const struct mok_grouped_gemm_fp8
     p.num_m_tiles = a->M / f8::BM;
     p.num_n_tiles = mok_ceil_div(a->N, f8::BN);
     p.error_flag = a->error_flag;
-    return launch<true, 1>(tma_a, tma_b, tma_b, tma_out, p, a->E * p.num_m_tiles * p.num_n_tiles, a->num_sms, stream);
+    return launch<true, 1>(tma_a, tma_b, tma_b, tma_out, tma_out, p, a->E * p.num_m_tiles * p.num_n_tiles, a->num_sms,
+                           stream);
 }

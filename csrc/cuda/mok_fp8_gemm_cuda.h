@@ -35,6 +35,10 @@ struct mok_grouped_gemm_fp8_args {
     void* out;              /* [R, N] bf16 */
     int32_t* error_flag;    /* host-mapped error word (MOK_DEVICE_ERR_*) or NULL */
     int num_sms;            /* persistent grid size hint (0: query the device) */
+    /* NULL, or [R, N / 2] bf16: GEMM1 of the experts with SwiGLU fused. B's rows are [gate | up]
+     * (N = 2I, I % 64 == 0) and out = h; act[r, j] = SwiGLU(h[r, j], h[r, I + j]) of the rounded h,
+     * bit for bit what mok_swiglu_forward_cuda computes from out (zeros outside the experts). */
+    void* act;
 };
 
 /* 1 when the sm_90a kernel takes these arguments (see above); MOK_DISABLE_SM90 turns it off. */

@@ -13,6 +13,13 @@
 // needs 128-aligned offsets: a misaligned one is reported through the device error word
 // (mok.check_errors raises), since checking it here would synchronise with the GPU.
 //
+// Its SwiGLU form (GEMM1 of the experts under recipe="blockwise": b's rows are [gate | up], N = 2I):
+//
+//   grouped_mm_fp8_swiglu(a, a_scales, b, b_scales, offsets) -> (act [R, I] bf16, h [R, 2I] bf16)
+//
+// h as grouped_mm_fp8 computes it, and act = mok.swiglu(h), bit for bit. CUDA: one kernel, SwiGLU in
+// the GEMM's epilogue (no pass over h); CPU: the two ops.
+//
 // Its weight-gradient form (a K-grouped GEMM; recipe="blockwise" with fp8_wgrad=True calls it for
 // both expert weights' gradients):
 //
@@ -37,8 +44,9 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "../cuda/mok_fp8_gemm_cuda.h"
-#include "backend.h"
 #endif
+
+#include "backend.h"
 
 #include "checks.h"
 
@@ -102,8 +110,10 @@ void check_aligned(const at::Tensor& t, const char* op, const char* name) {
                       t.data_ptr(), "; pass a fresh tensor or .clone() it");
 }
 
+// act: the SwiGLU variant's [R, N / 2] output, or nullptr.
 void grouped_mm_fp8_cuda(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
-                         const at::Tensor& b_scales, const at::Tensor& offsets, at::Tensor& out, const char* op) {
+                         const at::Tensor& b_scales, const at::Tensor& offsets, at::Tensor& out, at::Tensor* act,
+                         const char* op) {
     check_aligned(a, op, "a");
     check_aligned(a_scales, op, "a_scales");
     check_aligned(b, op, "b");
@@ -120,6 +130,7 @@ void grouped_mm_fp8_cuda(const at::Tensor& a, const at::Tensor& a_scales, const 
     g.N = out.size(1);
     g.K = a.size(1);
     g.out = out.data_ptr();
+    g.act = act != nullptr ? act->data_ptr() : nullptr;
     g.error_flag = cuda::device_error_word();
     g.num_sms = at::cuda::getDeviceProperties(a.device().index())->multiProcessorCount;
     TORCH_CHECK_NOT_IMPLEMENTED(mok_grouped_gemm_fp8_supported(&g), op,
@@ -167,9 +178,9 @@ void grouped_mm_fp8_wgrad_cuda(const at::Tensor& a, const at::Tensor& a_scales, 
 }
 #endif
 
-at::Tensor grouped_mm_fp8(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
-                          const at::Tensor& b_scales, const at::Tensor& offsets) {
-    const char* op = "mok.grouped_mm_fp8";
+// The forward's argument checks (grouped_mm_fp8 and its SwiGLU form).
+void check_fp8_gemm_args(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
+                         const at::Tensor& b_scales, const at::Tensor& offsets, const char* op) {
     check_fp8_operand(a, 2, op, "a", "[R, K]");
     check_fp8_operand(b, 3, op, "b", "[E, N, K]");
     check_same_device(b, a, op, "b", "a");
@@ -183,17 +194,12 @@ at::Tensor grouped_mm_fp8(const at::Tensor& a, const at::Tensor& a_scales, const
     check_index(offsets, a, op, "offsets");
     check_dim(offsets, 1, op, "offsets", "[E + 1]");
     check_size(offsets, 0, E + 1, op, "offsets", "number of experts + 1");
+}
 
-    // The kernels write every row (zeros outside the experts).
-    auto out = at::empty({R, N}, a.options().dtype(at::kBFloat16));
-    if (out.numel() == 0) return out;
-    if (K == 0 || E == 0) return out.zero_();
-#ifdef MOK_WITH_CUDA
-    if (a.is_cuda()) {
-        grouped_mm_fp8_cuda(a, a_scales, b, b_scales, offsets, out, op);
-        return out;
-    }
-#endif
+// The C core's GEMM into out [R, N] (every row written).
+void grouped_mm_fp8_cpu(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
+                        const at::Tensor& b_scales, const at::Tensor& offsets, at::Tensor& out, const char* op) {
+    const int64_t R = a.size(0), K = a.size(1), E = b.size(0), N = b.size(1);
     const CpuOperands c = cpu_operands(a, a_scales, b, b_scales, offsets, out, E, op);
     // Rows are independent and each element's arithmetic does not depend on the split: the result is
     // the same for any thread count. About 1M multiply-adds per task.
@@ -201,7 +207,47 @@ at::Tensor grouped_mm_fp8(const at::Tensor& a, const at::Tensor& a_scales, const
     at::parallel_for(0, R, grain, [&](int64_t r0, int64_t r1) {
         check_status(mok_grouped_gemm_fp8_blockwise(c.a, c.sa, c.b, c.sb, c.off, E, N, K, r0, r1, c.out), op);
     });
+}
+
+at::Tensor grouped_mm_fp8(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
+                          const at::Tensor& b_scales, const at::Tensor& offsets) {
+    const char* op = "mok.grouped_mm_fp8";
+    check_fp8_gemm_args(a, a_scales, b, b_scales, offsets, op);
+    // The kernels write every row (zeros outside the experts).
+    auto out = at::empty({a.size(0), b.size(1)}, a.options().dtype(at::kBFloat16));
+    if (out.numel() == 0) return out;
+    if (a.size(1) == 0 || b.size(0) == 0) return out.zero_();
+#ifdef MOK_WITH_CUDA
+    if (a.is_cuda()) {
+        grouped_mm_fp8_cuda(a, a_scales, b, b_scales, offsets, out, nullptr, op);
+        return out;
+    }
+#endif
+    grouped_mm_fp8_cpu(a, a_scales, b, b_scales, offsets, out, op);
     return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> grouped_mm_fp8_swiglu(const at::Tensor& a, const at::Tensor& a_scales,
+                                                         const at::Tensor& b, const at::Tensor& b_scales,
+                                                         const at::Tensor& offsets) {
+    const char* op = "mok.grouped_mm_fp8_swiglu";
+    check_fp8_gemm_args(a, a_scales, b, b_scales, offsets, op);
+    const int64_t R = a.size(0), N = b.size(1);
+    TORCH_CHECK_VALUE(N % (2 * kBlock) == 0, op, ": b.shape[1] must be 2 * I, [gate | up], with I a multiple of 128 ",
+                      "(whole scale blocks in each half), got ", N);
+    auto h = at::empty({R, N}, a.options().dtype(at::kBFloat16));
+    auto act = at::empty({R, N / 2}, h.options());
+    if (h.numel() == 0) return {act, h};
+    if (a.size(1) == 0 || b.size(0) == 0) return {act.zero_(), h.zero_()};
+#ifdef MOK_WITH_CUDA
+    if (a.is_cuda()) {
+        grouped_mm_fp8_cuda(a, a_scales, b, b_scales, offsets, h, &act, op);
+        return {act, h};
+    }
+#endif
+    grouped_mm_fp8_cpu(a, a_scales, b, b_scales, offsets, h, op);
+    cpu::swiglu(h, act);
+    return {act, h};
 }
 
 at::Tensor grouped_mm_fp8_wgrad(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
@@ -252,17 +298,21 @@ at::Tensor grouped_mm_fp8_wgrad(const at::Tensor& a, const at::Tensor& a_scales,
 
 TORCH_LIBRARY_FRAGMENT(mok, m) {
     m.def("grouped_mm_fp8(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, Tensor offsets) -> Tensor");
+    m.def("grouped_mm_fp8_swiglu(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, Tensor offsets) -> "
+          "(Tensor act, Tensor h)");
     m.def("grouped_mm_fp8_wgrad(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, Tensor offsets) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mok, CPU, m) {
     m.impl("grouped_mm_fp8", &grouped_mm_fp8);
+    m.impl("grouped_mm_fp8_swiglu", &grouped_mm_fp8_swiglu);
     m.impl("grouped_mm_fp8_wgrad", &grouped_mm_fp8_wgrad);
 }
 
 #ifdef MOK_WITH_CUDA
 TORCH_LIBRARY_IMPL(mok, CUDA, m) {
     m.impl("grouped_mm_fp8", &grouped_mm_fp8);
+    m.impl("grouped_mm_fp8_swiglu", &grouped_mm_fp8_swiglu);
     m.impl("grouped_mm_fp8_wgrad", &grouped_mm_fp8_wgrad);
 }
 #endif

@@ -19,6 +19,13 @@
  * tile row), kStages-deep ring. The promotion waits for the K-block's wgmma (wait_group 0); the two
  * consumer warpgroups drift apart, so one promotes while the other's wgmma runs.
  *
+ * SwiGLU variant (kSwiGLU, GEMM1 of the experts: B's rows are [gate | up], N = 2I): a tile's 128 columns
+ * are gate rows [64 t, 64 t + 64) and up rows I + [64 t, 64 t + 64) of B (two 64-row TMA boxes, each in
+ * one 128 x 128 scale block: I % 64 == 0), so its epilogue has both halves of 64 act columns and
+ * writes h (gate and up chunks, at their columns of [R, 2I]) and act = SwiGLU(h) [R, I] from the
+ * rounded h values, exactly as the swiglu op computes it from h (the BF16 kernel's SwiGLU epilogue).
+ * Single CTAs only (no B multicast).
+ *
  * Weight-gradient variant (kWgrad, a K-grouped GEMM: mok_grouped_gemm_fp8_wgrad_cuda):
  *
  *   out[e, m, n] = sum_{kb of expert e's rows} sa[m, kb] * sb[n, kb] * sum_{r in block kb} A[m, r] B[n, r]
@@ -99,6 +106,7 @@ struct params {
     int32_t E;
     int64_t R, N, Kd;
     int64_t num_n_tiles, num_kb; /* ceil(N / BN), Kd / 128 */
+    int64_t I;                   /* SwiGLU variant: N / 2, the row of B where the up half starts */
     int32_t* error_flag; /* host-mapped error word or NULL */
     /* wgrad: out [E, M, N]; the contraction runs over each expert's rows of the R-row space; sa, sb
      * are MN-major, [ceil(R / 128), M] and [ceil(R / 128), N] */
@@ -160,7 +168,7 @@ __device__ __forceinline__ void fp8_sched_init(mok_tile_sched* sched, const para
 enum { kFwdFullArrivals = 1 + 128 };
 
 /* ---- producer: TMA for the tiles, cp.async for the scales (one per thread and K-block) ---- */
-template <int kCluster>
+template <int kCluster, bool kSwiGLU>
 __device__ __forceinline__ void produce(smem_layout& s, const params& p, const CUtensorMap* tma_a,
                                         const CUtensorMap* tma_b, const CUtensorMap* tma_b_half, int64_t rows_used) {
     const int tid = threadIdx.x; /* 0..127 */
@@ -178,12 +186,13 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
         const bool row_ok = row < p.R;
         const float* sa_row = p.sa + (row_ok ? row : 0) * p.num_kb;
         /* the tile's B scale blocks: the one of its first column, and (BN > 128) the next one, clamped
-         * to the last block (a partial last tile stores no column of a block past N) */
-        const int64_t n_blocks = p.N / SCALE_BLOCK, blk0 = tile.n_tile * BN / SCALE_BLOCK;
-        const int64_t blk1 = blk0 + 1 < n_blocks ? blk0 + 1 : blk0;
+         * to the last block (a partial last tile stores no column of a block past N); SwiGLU: the
+         * gate half's block and the up half's */
+        const int32_t n0 = (int32_t)(tile.n_tile * (kSwiGLU ? BN / 2 : BN)); /* SwiGLU: the gate half's row */
+        const int64_t n_blocks = p.N / SCALE_BLOCK, blk0 = n0 / SCALE_BLOCK;
+        const int64_t blk1 = kSwiGLU ? (p.I + n0) / SCALE_BLOCK : (blk0 + 1 < n_blocks ? blk0 + 1 : blk0);
         const float* sb_tile0 = p.sb + ((int64_t)e * n_blocks + blk0) * p.num_kb;
         const float* sb_tile1 = p.sb + ((int64_t)e * n_blocks + blk1) * p.num_kb;
-        const int32_t n0 = (int32_t)(tile.n_tile * BN);
         for (int64_t kb = 0; kb < p.num_kb; ++kb) {
             /* (a pair: both CTAs' consumers have released the stage, so the peer's half of B may land) */
             mbarrier_wait_parity(&s.empty[stage], phase ^ 1);
@@ -192,7 +201,10 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
                 /* a shared stage: this CTA's half of B and the peer's land here too, 32 KiB in all */
                 mbarrier_arrive_expect_tx(&s.full[stage], STAGE_A_BYTES + STAGE_B_BYTES);
                 tma_load_2d(&s.a[stage][0], tma_a, &s.full[stage], k0, (int32_t)tile.m0);
-                if (kCluster > 1 && j.shared) {
+                if (kSwiGLU) { /* gate rows n0.., up rows I + n0.. */
+                    tma_load_3d(&s.b[stage][0], tma_b_half, &s.full[stage], k0, n0, e);
+                    tma_load_3d(&s.b[stage][(BN / 2) * BK], tma_b_half, &s.full[stage], k0, (int32_t)p.I + n0, e);
+                } else if (kCluster > 1 && j.shared) {
                     tma_load_3d_multicast(&s.b[stage][rank * (BN / 2) * BK], tma_b_half, &s.full[stage], 0x3, k0,
                                           n0 + (int32_t)rank * (BN / 2), e);
                 } else {
@@ -200,7 +212,7 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
                 }
                 cp_async_4(&s.sb[stage][0], sb_tile0 + kb, 4u);
             }
-            if (BN > SCALE_BLOCK && tid == 1) cp_async_4(&s.sb[stage][1], sb_tile1 + kb, 4u);
+            if ((BN > SCALE_BLOCK || kSwiGLU) && tid == 1) cp_async_4(&s.sb[stage][1], sb_tile1 + kb, 4u);
             /* rows past R: a zero scale (their A rows are zero-filled by TMA anyway) */
             if (!MOK_SM90_FP8_SKIP_SCALE_LOADS)
                 cp_async_4(&s.sa[stage][tid], row_ok ? sa_row + kb : p.sa, row_ok ? 4u : 0u);
@@ -254,9 +266,11 @@ __device__ __forceinline__ void mma_kblock(float (&part)[BN / 2], uint32_t a_add
 
 /* FP32 promotion of a finished K-block: acc += part * sa[row] * sb[column block] (rows r_lo and
  * r_lo + 8). Registers 4g..4g+3 hold columns 8g + 2 (lane % 4) + {0, 1}: the group's columns are in
- * the first scale block when 8g < split (a multiple of 8), whatever the lane.
+ * the first scale block when 8g < split (a multiple of 8), whatever the lane; kTwoBlocks: the tile
+ * spans two scale blocks of B (BN > 128, or SwiGLU's gate and up halves).
  * NOTE: part's wgmma group must have retired (wait_group); the operand fence keeps the reads after
  * that wait. */
+template <bool kTwoBlocks>
 __device__ __forceinline__ void promote(float (&acc)[BN / 2], float (&part)[BN / 2], float sa0, float sa1,
                                         float sb0, float sb1, int split) {
 #pragma unroll
@@ -264,7 +278,7 @@ __device__ __forceinline__ void promote(float (&acc)[BN / 2], float (&part)[BN /
     const float s0a = sa0 * sb0, s1a = sa1 * sb0, s0b = sa0 * sb1, s1b = sa1 * sb1;
 #pragma unroll
     for (int i = 0; i < BN / 2; i += 4) {
-        const bool first = BN == SCALE_BLOCK || 2 * i < split; /* column 8 (i / 4) */
+        const bool first = !kTwoBlocks || 2 * i < split; /* column 8 (i / 4) */
         const float s0 = first ? s0a : s0b, s1 = first ? s1a : s1b;
         acc[i] = fmaf(part[i], s0, acc[i]);
         acc[i + 1] = fmaf(part[i + 1], s0, acc[i + 1]);
@@ -303,9 +317,28 @@ struct kblock_scales {
  * producer, and in a pair also to the peer's.) */
 using mok_sm90::release_stage;
 
-template <int kCluster>
+/* The SwiGLU variant's epilogue of one warpgroup's 64 rows: chunks 0 (gate) and 1 (up) of h at
+ * their columns of [R, 2I], then act's 64 columns from the rounded gate and up values. */
+__device__ __forceinline__ void store_swiglu_tile(epi_stager& e, const params& p, const float* acc, int64_t n_tile,
+                                                  int32_t row0, const CUtensorMap* tma_h, const CUtensorMap* tma_act) {
+    const int32_t c = (int32_t)(n_tile * (BN / 2));
+    uint32_t buf = mok_sm90::epi_stage_acc(e, acc, 0);
+    mok_sm90::epi_store<true>(e, buf, tma_h, c, row0, 0);
+    buf = mok_sm90::epi_stage_acc(e, acc, 1);
+    mok_sm90::epi_store<true>(e, buf, tma_h, (int32_t)p.I + c, row0, 0);
+    buf = mok_sm90::epi_acquire(e);
+    mok_sm90::epi_put_chunk(e, buf, [&](int ci, int h) {
+        const int ig = ci * 4 + 2 * h, iu = ig + (BN / 2 / 8) * 4;
+        /* SwiGLU of the stored (rounded) values: equals the swiglu op on h. */
+        const uint32_t g = pack_bf16x2(acc[ig], acc[ig + 1]), u = pack_bf16x2(acc[iu], acc[iu + 1]);
+        return pack_bf16x2(mok_swiglu(bf16x2_lo(g), bf16x2_lo(u)), mok_swiglu(bf16x2_hi(g), bf16x2_hi(u)));
+    });
+    mok_sm90::epi_store<true>(e, buf, tma_act, c, row0, 0);
+}
+
+template <int kCluster, bool kSwiGLU>
 __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used,
-                                        const CUtensorMap* tma_out) {
+                                        const CUtensorMap* tma_out, const CUtensorMap* tma_act) {
     const int wg = consumer_wg();
     const int t = threadIdx.x & 127;
     const int warp = t >> 5, lane = t & 31;
@@ -323,7 +356,7 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
         sc.sa0 = ld_shared_f32(&s.sa[at.stage][r_lo]);
         sc.sa1 = ld_shared_f32(&s.sa[at.stage][r_lo + 8]);
         sc.sb0 = ld_shared_f32(&s.sb[at.stage][0]);
-        sc.sb1 = BN > SCALE_BLOCK ? ld_shared_f32(&s.sb[at.stage][1]) : 0.f;
+        sc.sb1 = (BN > SCALE_BLOCK || kSwiGLU) ? ld_shared_f32(&s.sb[at.stage][1]) : 0.f;
         mma_kblock(part, a_base + at.stage * STAGE_A_BYTES, b_base + at.stage * STAGE_B_BYTES);
     };
     /* hand the stage at pos back (one arrival per consumer warp: its tiles are read) and promote the
@@ -332,7 +365,7 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
     auto retire = [&](const ring_pos& at) {
         const long long t_promote = MOK_TIMING_NOW();
         if (lane == 0) release_stage<kCluster>(s, at.stage);
-        promote(acc, part, sc.sa0, sc.sa1, sc.sb0, sc.sb1, split);
+        promote<BN != SCALE_BLOCK || kSwiGLU>(acc, part, sc.sa0, sc.sa1, sc.sb0, sc.sb1, kSwiGLU ? BN / 2 : split);
         MOK_TIMING_ADD(mok_sm90::TIMING_PROMOTE, t_promote);
     };
 
@@ -392,12 +425,16 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
         const int64_t row0 = tile.m0 + 64 * wg;
         if (row0 >= p.R) continue;
         const long long t_epi = MOK_TIMING_NOW();
+        if (kSwiGLU) {
+            store_swiglu_tile(epi, p, acc, tile.n_tile, (int32_t)row0, tma_out, tma_act);
+        } else {
 #pragma unroll
-        for (int j = 0; j < BN / 64; ++j) {
-            const int32_t c = (int32_t)(tile.n_tile * BN + 64 * j);
-            if (c >= p.N) break;
-            const uint32_t buf = mok_sm90::epi_stage_acc(epi, acc, j);
-            mok_sm90::epi_store<true>(epi, buf, tma_out, c, (int32_t)row0, 0);
+            for (int j = 0; j < BN / 64; ++j) {
+                const int32_t c = (int32_t)(tile.n_tile * BN + 64 * j);
+                if (c >= p.N) break;
+                const uint32_t buf = mok_sm90::epi_stage_acc(epi, acc, j);
+                mok_sm90::epi_store<true>(epi, buf, tma_out, c, (int32_t)row0, 0);
+            }
         }
         MOK_TIMING_ADD(mok_sm90::TIMING_EPILOGUE, t_epi);
     }
@@ -519,13 +556,17 @@ __device__ __forceinline__ bool bad_offset(const params& p, int64_t e, bool wgra
     return wgrad && (off < 0 || off > p.R || (e > 0 && off < (int64_t)p.offsets[e - 1]));
 }
 
-/* tma_b_half: B in boxes of BN / 2 rows, the half a CTA of a pair multicasts (kCluster = 2 only). */
-template <bool kWgrad, int kCluster>
+/* tma_b_half: B in boxes of BN / 2 rows, the half a CTA of a pair multicasts (kCluster = 2), or the
+ * gate and up halves of a SwiGLU tile; tma_act: the SwiGLU variant's act [R, I] (others: unused). */
+template <bool kWgrad, int kCluster, bool kSwiGLU>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_fp8_nt_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                                const __grid_constant__ CUtensorMap tma_b_half,
-                               const __grid_constant__ CUtensorMap tma_out, const params p) {
+                               const __grid_constant__ CUtensorMap tma_out,
+                               const __grid_constant__ CUtensorMap tma_act, const params p) {
     static_assert(kCluster == 1 || (kCluster == 2 && !kWgrad), "pairs: the forward only");
+    static_assert(!kSwiGLU || (kCluster == 1 && !kWgrad && BN == SCALE_BLOCK),
+                  "SwiGLU: the single-CTA forward with 128-wide tiles (64 gate + 64 up rows)");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     smem_layout& s = *reinterpret_cast<smem_layout*>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     if (threadIdx.x == 0) {
@@ -537,7 +578,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         fence_mbarrier_init();
         tma_prefetch_descriptor(&tma_a);
-        tma_prefetch_descriptor(kCluster > 1 ? &tma_b_half : &tma_b);
+        tma_prefetch_descriptor((kCluster > 1 || kSwiGLU) ? &tma_b_half : &tma_b);
     }
     /* ---- v1 takes 128-aligned plans only: report a misaligned one, compute nothing ---- */
     bool misaligned = false;
@@ -560,14 +601,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (kWgrad) {
             produce_wgrad(s, p, &tma_a, &tma_b);
         } else {
-            produce<kCluster>(s, p, &tma_a, &tma_b, &tma_b_half, rows_used);
+            produce<kCluster, kSwiGLU>(s, p, &tma_a, &tma_b, &tma_b_half, rows_used);
         }
     } else {
         setmaxnreg_inc<kConsumerRegs>();
         if (kWgrad) {
             consume_wgrad(s, p, &tma_out);
         } else {
-            consume<kCluster>(s, p, rows_used, &tma_out);
+            consume<kCluster, kSwiGLU>(s, p, rows_used, &tma_out, &tma_act);
         }
     }
     /* ---- a CTA's shared memory must outlive its peer's multicasts and remote arrivals (the
