@@ -60,7 +60,7 @@ def grouped_mm_blockwise(a_q, a_scales, b_q, b_scales, offsets):
 def grouped_mm_swiglu_blockwise(a_q, a_scales, b_q, b_scales, offsets):
     """GEMM1 of the experts with SwiGLU: (act [R, I], h [R, 2I]), both bf16, where b_q [E, 2I, K] holds
     each expert's [gate | up] rows (I a multiple of 128), h = grouped_mm_blockwise(a_q, a_scales, b_q,
-    b_scales, offsets) and act = mok.ops.swiglu(h), bit for bit. On CUDA one kernel: the SwiGLU runs in
+    b_scales, offsets) and act = torch.ops.mok.swiglu(h), bit for bit. On CUDA one kernel: the SwiGLU runs in
     the GEMM's epilogue on the rounded h values, so no pass reads h back. Forward only, as
     grouped_mm_blockwise."""
     return ops.grouped_mm_fp8_swiglu(a_q, a_scales, b_q, b_scales, offsets)

@@ -341,7 +341,7 @@ def test_compile_fullgraph_cpu():
 
 # ================================================================ SwiGLU form (GEMM1 of the experts)
 # mok::grouped_mm_fp8_swiglu (mok.fp8_gemm.grouped_mm_swiglu_blockwise): (act, h) with h what
-# grouped_mm_fp8 computes and act = mok.ops.swiglu(h), both bit for bit (CUDA: one kernel with the
+# grouped_mm_fp8 computes and act = torch.ops.mok.swiglu(h), both bit for bit (CUDA: one kernel with the
 # SwiGLU in its epilogue, 64 gate + 64 up rows of b per tile; CPU: the two ops).
 
 # (T, top_k, E, I, K, routing): b has N = 2I rows [gate | up]
