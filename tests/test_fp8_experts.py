@@ -30,6 +30,17 @@ CASES = [
 TOL_EMULATION = 1e-2
 
 
+def tol_forward(case):
+    """Tolerance of y against the emulation. The kernels sum h in fp32, the emulation in float64, so
+    now and then one bf16 h (and with it act) lands one step apart, and about 1 in 16 of those moves
+    an E4M3 code of act across a rounding boundary: a 6-12% change of one of the K * I terms of a
+    token's y. Spread over T tokens that is an error of order 1 / sqrt(T * K * I) in the norm. Measured
+    (one H200, 200 seeds of the one-token case, K = 1, I = 128): 17 runs above 1e-2, the worst
+    3.5e-2; 0.6 / sqrt(T * K * I) gives 5.3e-2 there and is TOL_EMULATION from T * K * I = 3600 up.
+    A wrong scale (~1e0), expert (~1.4e0) or a dropped K-block (~1e-1) still fails."""
+    return max(TOL_EMULATION, 0.6 / max(1, case.T * case.K * case.I) ** 0.5)
+
+
 def tol_fp8_dgrad(case):
     """Tolerance of the gradients behind an FP8 dgrad. d_h and d_rows are quantised to E4M3 from bf16
     values that the kernels (fp32 GEMM sums, fp32 SwiGLU backward) and the float64 emulation may
@@ -101,7 +112,7 @@ def test_blockwise_experts_match_the_fp8_emulation(device, case):
     y = mok.functional.moe_experts(x, idx, w, gu, dn, recipe="blockwise")
     y_ref, leaves = _emulate(x, idx, w, gu, dn)
     assert y.dtype == torch.bfloat16 and y.shape == x.shape
-    assert rel_err(y, y_ref) < TOL_EMULATION
+    assert rel_err(y, y_ref) < tol_forward(case)
     assert rel_err(y, R.moe_experts(*(t.detach().double().cpu() for t in (x, idx, w, gu, dn)))) < TOL_VS_BF16_MATH
     if case.T == 0:
         return
