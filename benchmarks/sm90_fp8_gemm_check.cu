@@ -11,6 +11,9 @@
  *                                   default: DeepSeek-V3 slice GEMM1's d_W, 65536 32 4096 7168)
  *
  * MOK_SM90_FP8_CLUSTER=2 in the environment runs the forward as 2-CTA pairs sharing B (multicast).
+ * MOK_FP8_CHECK_SWIGLU=1 runs the SwiGLU variant (B's rows read as [gate | up], act = SwiGLU(h) written
+ * too; h is checked as usual, act is not: tests/test_fp8_gemm.py checks it bitwise). Added in the
+ * fifteenth session; compiled, not yet run on a GPU.
  *
  * Compile-time variants: -DMOK_SM90_FP8_BN=192 (tile width), -DMOK_SM90_FP8_STAGES=S (ring depth;
  * 6 needs -DMOK_SM90_EPI_BUFS=1), -DMOK_SM90_FP8_SKIP_SCALE_LOADS=1 (no scale
@@ -137,11 +140,14 @@ static float run(const problem& p, int iters, std::vector<uint16_t>* out_host) {
     void* out;
     CHECK(cudaMalloc(&out, p.R * p.N * 2));
     CHECK(cudaMemset(out, 0, p.R * p.N * 2));
+    const char* swiglu_env = getenv("MOK_FP8_CHECK_SWIGLU");
+    void* act = NULL; /* [R, N / 2] bf16 */
+    if (swiglu_env && swiglu_env[0] == '1') CHECK(cudaMalloc(&act, p.R * p.N));
 
     mok_grouped_gemm_fp8_args g;
     memset(&g, 0, sizeof(g));
     g.a = a, g.sa = sa, g.b = b, g.sb = sb, g.offsets = offsets;
-    g.R = p.R, g.E = p.E, g.N = p.N, g.K = p.K, g.out = out;
+    g.R = p.R, g.E = p.E, g.N = p.N, g.K = p.K, g.out = out, g.act = act;
     if (!mok_grouped_gemm_fp8_supported(&g)) {
         fprintf(stderr, "the FP8 kernel does not take these arguments\n");
         exit(1);
@@ -174,7 +180,7 @@ static float run(const problem& p, int iters, std::vector<uint16_t>* out_host) {
     }
     out_host->resize(p.R * p.N);
     CHECK(cudaMemcpy(out_host->data(), out, p.R * p.N * 2, cudaMemcpyDeviceToHost));
-    cudaFree(a), cudaFree(b), cudaFree(sa), cudaFree(sb), cudaFree(offsets), cudaFree(out);
+    cudaFree(a), cudaFree(b), cudaFree(sa), cudaFree(sb), cudaFree(offsets), cudaFree(out), cudaFree(act);
     return ms;
 }
 
