@@ -328,10 +328,8 @@ __device__ __forceinline__ void store_swiglu_tile(epi_stager& e, const params& p
     mok_sm90::epi_store<true>(e, buf, tma_h, (int32_t)p.I + c, row0, 0);
     buf = mok_sm90::epi_acquire(e);
     mok_sm90::epi_put_chunk(e, buf, [&](int ci, int h) {
-        const int ig = ci * 4 + 2 * h, iu = ig + (BN / 2 / 8) * 4;
-        /* SwiGLU of the stored (rounded) values: equals the swiglu op on h. */
-        const uint32_t g = pack_bf16x2(acc[ig], acc[ig + 1]), u = pack_bf16x2(acc[iu], acc[iu + 1]);
-        return pack_bf16x2(mok_swiglu(bf16x2_lo(g), bf16x2_lo(u)), mok_swiglu(bf16x2_hi(g), bf16x2_hi(u)));
+        const int ig = ci * 4 + 2 * h;
+        return mok_sm90::swiglu_of_rounded(acc, ig, ig + (BN / 2 / 8) * 4);
     });
     mok_sm90::epi_store<true>(e, buf, tma_act, c, row0, 0);
 }

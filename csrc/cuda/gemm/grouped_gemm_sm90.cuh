@@ -289,6 +289,14 @@ __device__ __forceinline__ void epi_put_chunk(const epi_stager& e, uint32_t buf,
                     frag(2 * k + 1, 1));
 }
 
+/* The packed act pair of accumulators (ig, ig + 1) of gate and (iu, iu + 1) of up: SwiGLU of the
+ * values as stored (rounded to bf16), so it equals the swiglu op on h bit for bit. Shared by the BF16
+ * and FP8 kernels' SwiGLU epilogues. */
+__device__ __forceinline__ uint32_t swiglu_of_rounded(const float* acc, int ig, int iu) {
+    const uint32_t g = pack_bf16x2(acc[ig], acc[ig + 1]), u = pack_bf16x2(acc[iu], acc[iu + 1]);
+    return pack_bf16x2(mok_swiglu(bf16x2_lo(g), bf16x2_lo(u)), mok_swiglu(bf16x2_hi(g), bf16x2_hi(u)));
+}
+
 /* Stages accumulator groups [8 j, 8 j + 8) (64 columns) of this thread's rows. */
 __device__ __forceinline__ uint32_t epi_stage_acc(epi_stager& e, const float* acc, int j) {
     const uint32_t buf = epi_acquire(e);
@@ -670,10 +678,8 @@ __device__ __forceinline__ void store_tile_tma(epi_stager& e, const params& p, c
             epi_store(e, buf, tma_out, c, 1, row0);
             buf = epi_acquire(e);
             epi_put_chunk(e, buf, [&](int ci, int h) {
-                const int ig = (8 * j + ci) * 4 + 2 * h, iu = ig + (BN / 2 / 8) * 4;
-                /* SwiGLU of the stored (rounded) values: equals the swiglu op on h. */
-                const uint32_t g = pack_bf16x2(acc[ig], acc[ig + 1]), u = pack_bf16x2(acc[iu], acc[iu + 1]);
-                return pack_bf16x2(mok_swiglu(bf16x2_lo(g), bf16x2_lo(u)), mok_swiglu(bf16x2_hi(g), bf16x2_hi(u)));
+                const int ig = (8 * j + ci) * 4 + 2 * h;
+                return swiglu_of_rounded(acc, ig, ig + (BN / 2 / 8) * 4);
             });
             epi_store(e, buf, tma_act, c, row0, 0);
         }
