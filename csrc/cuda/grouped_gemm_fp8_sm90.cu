@@ -22,10 +22,9 @@ bool pointers_aligned(const Args* a) {
     return (((uintptr_t)a->a | (uintptr_t)a->b | (uintptr_t)a->out | (uintptr_t)a->sa | (uintptr_t)a->sb) % 16) == 0;
 }
 
-/* The forward's SwiGLU variant: 64 gate + 64 up rows of B per tile, each inside one scale block. */
-bool swiglu_shape_ok(const struct mok_grouped_gemm_fp8_args* a) {
-    return a->act == NULL || (a->N % (2 * 64) == 0 && (uintptr_t)a->act % 16 == 0);
-}
+/* The forward's SwiGLU output, if any, is written by TMA. (Its shape rule, I % 64 == 0 so that each
+ * 64-row half of a tile lies in one scale block, is N % 128 == 0, which every forward needs.) */
+bool act_aligned(const struct mok_grouped_gemm_fp8_args* a) { return (uintptr_t)a->act % 16 == 0; }
 
 bool sm90_enabled() {
     const char* env = getenv("MOK_DISABLE_SM90");
@@ -70,7 +69,7 @@ extern "C" int mok_grouped_gemm_fp8_supported(const struct mok_grouped_gemm_fp8_
     if (!sm90_enabled()) return 0;
     if (a->R < 0 || a->E < 1 || a->E > MOK_INT32_LIMIT || a->R > MOK_INT32_LIMIT) return 0;
     if (a->K <= 0 || a->N <= 0 || a->K % f8::BK || a->N % f8::SCALE_BLOCK) return 0;
-    if (!pointers_aligned(a) || !swiglu_shape_ok(a)) return 0;
+    if (!pointers_aligned(a) || !act_aligned(a)) return 0;
     return mok_tma::is_hopper() && mok_tma::encode_fn() != NULL;
 }
 
@@ -79,7 +78,7 @@ extern "C" int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args*
     if (a->R == 0) return MOK_OK;
     MOK_CHECK_ARG(a->a != NULL && a->sa != NULL && a->b != NULL && a->sb != NULL && a->offsets != NULL &&
                   a->out != NULL);
-    MOK_CHECK_ARG(a->K % f8::BK == 0 && a->N % f8::SCALE_BLOCK == 0 && pointers_aligned(a) && swiglu_shape_ok(a));
+    MOK_CHECK_ARG(a->K % f8::BK == 0 && a->N % f8::SCALE_BLOCK == 0 && pointers_aligned(a) && act_aligned(a));
 
     CUtensorMap tma_a, tma_b, tma_b_half, tma_out, tma_act;
     {
