@@ -133,8 +133,12 @@ extern "C" int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args*
     /* NOTE: a pair needs two SMs of one GPC; with fewer SMs than that, one CTA per cluster */
     const int num_sms = a->num_sms > 0 ? a->num_sms : mok_num_sms();
     const int64_t tiles = mok_ceil_div(a->R, f8::BM) * p.num_n_tiles; /* SwiGLU: N / 128 = I / 64 tiles per row */
-    if (a->act != NULL) /* (single CTAs: the pairs' multicast halves are not the gate and up halves) */
-        return launch<false, 1, true>(tma_a, tma_b, tma_b_half, tma_out, tma_act, p, tiles, num_sms, stream);
+    if (a->act != NULL) { /* (single CTAs: the pairs' multicast halves are not the gate and up halves) */
+        if constexpr (f8::BN == f8::SCALE_BLOCK)
+            return launch<false, 1, true>(tma_a, tma_b, tma_b_half, tma_out, tma_act, p, tiles, num_sms, stream);
+        else
+            return MOK_ERR_ARG; /* (the BN = 192 experiment builds have no SwiGLU variant) */
+    }
     if (fp8_cluster_size() == 2 && num_sms >= 2)
         return launch<false, 2>(tma_a, tma_b, tma_b_half, tma_out, tma_act, p,
                                 mok_ceil_div(a->R, 2 * f8::BM) * p.num_n_tiles, num_sms, stream);

@@ -236,6 +236,17 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
 #define MOK_SM90_FP8_NO_PROMOTE 0
 #endif
 
+/* MOK_SM90_FP8_ORDERED=1 (an experiment, v30): the two consumer warpgroups take turns issuing their
+ * K-blocks (warpgroup 0 issues K-block kb, then 1 issues kb, then 0 issues kb + 1, ...: two named
+ * barriers, CUTLASS's ordered-sequence handoff at K-block granularity). Why: when a stage lands both
+ * warpgroups issue at once; if the tensor cores interleave the two groups, both drain together and
+ * both promote together with the tensor cores idle. Taking turns makes the queue 0, 1, 0, 1, so that
+ * one warpgroup's promotion runs under the other's wgmma. */
+#ifndef MOK_SM90_FP8_ORDERED
+#define MOK_SM90_FP8_ORDERED 0
+#endif
+enum { kBarTurnWg0 = 4, kBarTurnWg1 = 5 }; /* hardware barriers 1-3: the epilogue's */
+
 /* The consumer warpgroup's index (0, 1), warp-uniform for ptxas (a shuffle from lane 0): the A
  * descriptors derived from it then live in uniform registers (no R2UR per wgmma). */
 __device__ __forceinline__ int consumer_wg() { return __shfl_sync(0xFFFFFFFFu, (int)(threadIdx.x / 128), 0) - 1; }
@@ -368,6 +379,7 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
     };
 
     const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
+    bool issued_any = false; /* MOK_SM90_FP8_ORDERED: this warpgroup has issued a K-block */
     mok_tile_sched sched;
     fp8_sched_init<kCluster>(&sched, p, rows_used);
     mok_tile unit;
@@ -406,7 +418,13 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
             }
         }
         for (int kb = 0; kb < (MOK_SM90_FP8_NO_PROMOTE ? 0 : nkb); ++kb) {
+            if (MOK_SM90_FP8_ORDERED) { /* wait for the other warpgroup's previous issue (warpgroup 0's
+                                         * very first issue waits for nothing) */
+                if (wg == 1 || issued_any) named_barrier_sync(wg == 0 ? kBarTurnWg0 : kBarTurnWg1, 256);
+                issued_any = true;
+            }
             issue(pos);
+            if (MOK_SM90_FP8_ORDERED) named_barrier_arrive(wg == 0 ? kBarTurnWg1 : kBarTurnWg0, 256);
             const long long t_drain = MOK_TIMING_NOW();
             wgmma_wait_group<0>();
             MOK_TIMING_ADD(mok_sm90::TIMING_DRAIN, t_drain);
@@ -436,6 +454,8 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
         }
         MOK_TIMING_ADD(mok_sm90::TIMING_EPILOGUE, t_epi);
     }
+    /* MOK_SM90_FP8_ORDERED: take warpgroup 1's last handoff, so that no barrier is left mid-phase */
+    if (MOK_SM90_FP8_ORDERED && wg == 0 && issued_any) named_barrier_sync(kBarTurnWg0, 256);
     mok_sm90::epi_finish(epi);
 }
 
