@@ -86,14 +86,33 @@ def quantized_operands(cfg: Config, P):
     return Q
 
 
+def narrow_tiles(fn):
+    """fn run with MOK_SM90_FP8_BN=128: mok's plain FP8 forward and weight gradient on 128 x 128 tiles
+    (their width before v30; the launcher reads the variable on every call)."""
+    def run():
+        old = os.environ.get("MOK_SM90_FP8_BN")
+        os.environ["MOK_SM90_FP8_BN"] = "128"
+        try:
+            return fn()
+        finally:
+            if old is None:
+                del os.environ["MOK_SM90_FP8_BN"]
+            else:
+                os.environ["MOK_SM90_FP8_BN"] = old
+    return run
+
+
 def pass_impls(cfg: Config, P, Q):
-    """name -> callable; 'mok_bf16' first (the reference of 'err' and 'vs mok bf16')."""
+    """name -> callable; 'mok_bf16' first (the reference of 'err' and 'vs mok bf16'). 'mok_fp8' runs the
+    default tiles (128 x 192; SwiGLU 128 x 128), 'mok_fp8_bn128' the 128 x 128 tiles of the same kernel."""
     ops, plan = torch.ops.mok, P["plan"]
     bf16 = torch.bfloat16
     if cfg.gpass == "wgrad":
+        fp8_wgrad = lambda: mok.fp8_gemm.grouped_mm_wgrad_blockwise(*Q["d_col"], *Q["a_col"], plan.offsets)  # noqa: E731
         return {
             "mok_bf16": lambda: ops.grouped_mm_wgrad(P["d_plan"], P["a_plan"], None, 1, plan.offsets),
-            "mok_fp8": lambda: mok.fp8_gemm.grouped_mm_wgrad_blockwise(*Q["d_col"], *Q["a_col"], plan.offsets),
+            "mok_fp8": fp8_wgrad,
+            "mok_fp8_bn128": narrow_tiles(fp8_wgrad),
             "cublas_bf16": lambda: torch.mm(P["d_sorted"].t(), P["a_sorted"]),
         }
     trans_b = cfg.gpass == "fwd"
@@ -104,6 +123,7 @@ def pass_impls(cfg: Config, P, Q):
     impls = {
         "mok_bf16": lambda: ops.grouped_mm(lhs_plan, None, 1, P["w"], plan.offsets, trans_b),
         "mok_fp8": lambda: mok.fp8_gemm.grouped_mm_blockwise(*Q["lhs"], *Q["w"], plan.offsets),
+        "mok_fp8_bn128": narrow_tiles(lambda: mok.fp8_gemm.grouped_mm_blockwise(*Q["lhs"], *Q["w"], plan.offsets)),
         "torch_scaled_grouped_mm": lambda: torch._scaled_grouped_mm(
             lhs_q, w_q.transpose(-2, -1), lhs_s.view(-1), w_s, offs=P["offs"], out_dtype=bf16, use_fast_accum=True),
         "scaled_mm_dense": lambda: torch._scaled_mm(lhs_q, dq.t(), lhs_s, ds.view(1, -1), out_dtype=bf16,

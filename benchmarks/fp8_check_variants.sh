@@ -7,19 +7,20 @@
 #   VARIANTS="def: ord:-DMOK_SM90_FP8_ORDERED=1" ROUNDS=3 bash benchmarks/fp8_check_variants.sh
 #
 # VARIANTS: space-separated name:flags (flags: nvcc -D options, no spaces inside one; use ',' to
-# separate several, e.g. b192ord:-DMOK_SM90_FP8_BN=192,-DMOK_SM90_FP8_ORDERED=1).
+# separate several, e.g. b128np:-DMOK_SM90_FP8_BN_FWD=128,-DMOK_SM90_FP8_NO_PROMOTE=1).
+# WGRAD=1 times the weight-gradient variant instead (PROBLEMS then read R E M N after 'wgrad').
 # PROBLEMS: ';'-separated checker arguments (R E N K), default DeepSeek-V3 and Mixtral GEMM1.
 # Output: one line per run and a table of TFLOP/s (median over rounds) at the end; the raw lines
 # also go to $OUT/fp8_check_variants.txt when OUT is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-VARIANTS=${VARIANTS:-"def: ord:-DMOK_SM90_FP8_ORDERED=1 b192:-DMOK_SM90_FP8_BN=192 b192ord:-DMOK_SM90_FP8_BN=192,-DMOK_SM90_FP8_ORDERED=1"}
+VARIANTS=${VARIANTS:-"def: b128:-DMOK_SM90_FP8_BN_FWD=128"}
 PROBLEMS=${PROBLEMS:-"65536 32 4096 7168;16384 8 28672 4096"}
 ROUNDS=${ROUNDS:-2}
 BIN=${BIN:-/tmp/mok_fp8_variants}
 LOG=${OUT:+$OUT/fp8_check_variants.txt}
 LOG=${LOG:-/tmp/fp8_check_variants.txt}
-mkdir -p "$BIN"
+mkdir -p "$BIN" "$(dirname "$LOG")"
 : > "$LOG"
 
 for v in $VARIANTS; do
@@ -40,7 +41,7 @@ for round in $(seq 1 "$ROUNDS"); do
         name=${v%%:*}
         for prob in "${probs[@]}"; do
             # shellcheck disable=SC2086
-            line=$("$BIN/$name" $prob 2>&1 | grep -E '^R=|FAIL|error' | tr '\n' ' ')
+            line=$("$BIN/$name" ${WGRAD:+wgrad} $prob 2>&1 | grep -E '^(wgrad )?R=|FAIL|error' | tr '\n' ' ')
             echo "$name round $round: $line" | tee -a "$LOG"
         done
     done
@@ -51,7 +52,7 @@ python3 - "$LOG" <<'EOF'
 import re, statistics, sys
 runs = {}
 for line in open(sys.argv[1]):
-    m = re.search(r"^(\S+) round \d+: .*?\bR=(\d+) E=(\d+) N=(\d+) K=(\d+): [\d.]+ ms, (\d+) TFLOP/s.*?\((ok|FAIL)\)", line)
+    m = re.search(r"^(\S+) round \d+: .*?\bR=(\d+) E=(\d+) [MN]=(\d+) [NK]=(\d+): [\d.]+ ms, (\d+) TFLOP/s.*?\((ok|FAIL)\)", line)
     if m:
         runs.setdefault((m.group(1), "x".join(m.group(2, 3, 4, 5))), []).append((int(m.group(6)), m.group(7)))
 names = list(dict.fromkeys(k[0] for k in runs))

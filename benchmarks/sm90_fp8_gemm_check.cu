@@ -15,7 +15,8 @@
  * too; h is checked as usual, act is not: tests/test_fp8_gemm.py checks it bitwise). Added in the
  * fifteenth session; compiled, not yet run on a GPU.
  *
- * Compile-time variants: -DMOK_SM90_FP8_BN=192 (tile width), -DMOK_SM90_FP8_STAGES=S (ring depth;
+ * Compile-time variants: -DMOK_SM90_FP8_BN_FWD=128 (the plain forward's tile width; default 192),
+ * -DMOK_SM90_FP8_BN_WGRAD=192 (the weight gradient's; default 128), -DMOK_SM90_FP8_STAGES=S (ring depth;
  * 6 needs -DMOK_SM90_EPI_BUFS=1), -DMOK_SM90_FP8_SKIP_SCALE_LOADS=1 (no scale
  * copies: wrong results, a timing bound), -DMOK_SM90_FP8_NO_PROMOTE=1 or 2 (no FP32 promotion; 2 also
  * keeps one K-block in flight: wrong results, timing bounds), -DMOK_SM90_TIMING (cycles per tile of one

@@ -221,6 +221,25 @@ def test_cuda_cluster_pairs_are_bitwise_single_ctas(monkeypatch, T, top_k, E, N,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("pairs", ["1", "2"], ids=["single", "pairs"])
+@pytest.mark.parametrize("T,top_k,E,N,K,routing", CASES)
+def test_cuda_tile_widths_are_bitwise_equal(monkeypatch, pairs, T, top_k, E, N, K, routing, _fresh_seed):
+    # The plain forward runs 128 x 192 tiles; MOK_SM90_FP8_BN=128 (read on every call) runs the
+    # 128 x 128 ones. Each output element sees the same K-blocks promoted in the same order, so the
+    # two must agree bit for bit, also where a 192-wide tile spans two B scale blocks or reaches past N
+    # (N = 128, 256, 640), and as CTA pairs (96-row multicast halves).
+    a_q, a_s, b_q, b_s, plan = make_operands(T, top_k, E, N, K, routing, "cuda")
+    monkeypatch.setenv("MOK_SM90_FP8_CLUSTER", pairs)
+    monkeypatch.setenv("MOK_SM90_FP8_BN", "128")
+    narrow = run_op(a_q, a_s, b_q, b_s, plan.offsets)
+    monkeypatch.delenv("MOK_SM90_FP8_BN")
+    wide = run_op(a_q, a_s, b_q, b_s, plan.offsets)
+    assert torch.equal(narrow, wide)
+    ref = reference.grouped_mm_fp8_blockwise(a_q.cpu(), a_s.cpu(), b_q.cpu(), b_s.cpu(), plan.offsets.cpu())
+    assert rel_err(wide.cpu(), ref) < TOL, f"seed {_fresh_seed}"
+
+
+@pytest.mark.gpu
 def test_cuda_misaligned_offsets_raise():
     mok.check_errors(synchronize=True)  # nothing stale
     a_q, a_s = mok.fp8.quantize(torch.randn(256, 128, device="cuda"), "blockwise_1x128")
@@ -696,6 +715,25 @@ def test_wgrad_cuda_matches_cpu_op(T, K, E, M, N, routing, _fresh_seed):
             assert (out_c[e] == 0).all(), f"expert {e} has no rows: its gradient must be 0"
     again = run_wgrad(a_q, a_s, b_q, b_s, plan.offsets)
     assert torch.equal(out.view(torch.int16), again.view(torch.int16)), "two runs differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,K,E,M,N,routing", [
+    (200, 2, 8, 384, 512, "zipf"),
+    (150, 2, 6, 256, 128, "empty_expert"),
+    (90, 1, 5, 128, 640, "one_expert"),
+], ids=["zipf-N512", "empty-expert-N128", "one-expert-N640"])
+def test_wgrad_cuda_tile_widths_are_bitwise_equal(monkeypatch, T, K, E, M, N, routing, _fresh_seed):
+    # The weight gradient runs 128 x 192 tiles; MOK_SM90_FP8_BN=128 runs 128 x 128 ones. The same
+    # K-blocks promoted in the same order: bitwise equal, also in a last tile that reaches past N.
+    plan = mok.functional.moe_plan(make_routing(T, K, E, routing).cuda(), E, tile=128)
+    a_q, a_s, b_q, b_s = make_wgrad_operands(plan.src_of_row.shape[0], M, N, "cuda")
+    monkeypatch.setenv("MOK_SM90_FP8_BN", "128")
+    narrow = run_wgrad(a_q, a_s, b_q, b_s, plan.offsets)
+    monkeypatch.delenv("MOK_SM90_FP8_BN")
+    wide = run_wgrad(a_q, a_s, b_q, b_s, plan.offsets)
+    assert torch.equal(narrow.view(torch.int16), wide.view(torch.int16)), f"seed {_fresh_seed}"
+    assert torch.isfinite(wide).all(), f"seed {_fresh_seed}: outputs left unwritten (NaN poison)"
 
 
 @pytest.mark.gpu

@@ -38,14 +38,22 @@ int fp8_cluster_size() {
     return env && env[0] == '2' ? 2 : 1;
 }
 
-/* Persistent launch of one kernel variant over `units` work units (tiles, or pairs of M-tiles;
- * shared memory opted in once per variant). */
-template <bool kWgrad, int kCluster, bool kSwiGLU = false>
+/* MOK_SM90_FP8_BN=128: the plain forward and the weight gradient run 128 x 128 tiles instead of their
+ * default widths (BN_FWD, BN_WGRAD: 192); read on every call, so that one process can compare both
+ * (performance log v30). */
+bool fp8_narrow_tiles() {
+    const char* env = getenv("MOK_SM90_FP8_BN");
+    return env && strcmp(env, "128") == 0;
+}
+
+/* Persistent launch of one kernel variant (128 x BN tiles) over `units` work units (tiles, or pairs
+ * of M-tiles; shared memory opted in once per variant). */
+template <int BN, bool kWgrad, int kCluster, bool kSwiGLU = false>
 int launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_b_half,
            const CUtensorMap& tma_out, const CUtensorMap& tma_act, const f8::params& p, int64_t units,
            int num_sms_hint, cudaStream_t stream) {
-    auto kernel = f8::grouped_gemm_fp8_nt_kernel<kWgrad, kCluster, kSwiGLU>;
-    const int smem = (int)sizeof(f8::smem_layout) + 1024;
+    auto kernel = f8::grouped_gemm_fp8_nt_kernel<BN, kWgrad, kCluster, kSwiGLU>;
+    const int smem = (int)sizeof(typename f8::fp8_tile<BN>::smem_layout) + 1024;
     static bool configured = false;
     if (!configured) {
         if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
@@ -80,6 +88,9 @@ extern "C" int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args*
                   a->out != NULL);
     MOK_CHECK_ARG(a->K % f8::BK == 0 && a->N % f8::SCALE_BLOCK == 0 && pointers_aligned(a) && act_aligned(a));
 
+    /* the tile width: 128 for the SwiGLU variant (whole gate and up halves of a scale block), else
+     * the plain forward's */
+    const int bn = a->act != NULL ? (int)f8::BN_SWIGLU : fp8_narrow_tiles() ? 128 : (int)f8::BN_FWD;
     CUtensorMap tma_a, tma_b, tma_b_half, tma_out, tma_act;
     {
         /* A [R, K] bytes: boxes of 128 rows x 128 K (one 128-byte swizzle row each) */
@@ -89,13 +100,14 @@ extern "C" int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args*
         if (!mok_tma::encode(&tma_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, a->a, 2, dims, strides, box)) return MOK_ERR_ARG;
     }
     {
-        /* B [E, N, K] bytes: boxes of 128 rows of one expert */
+        /* B [E, N, K] bytes: boxes of bn rows of one expert */
         const cuuint64_t dims[3] = {(cuuint64_t)a->K, (cuuint64_t)a->N, (cuuint64_t)a->E};
         const cuuint64_t strides[2] = {(cuuint64_t)a->K, (cuuint64_t)(a->N * a->K)};
-        const cuuint32_t box[3] = {f8::BK, f8::BN, 1};
+        const cuuint32_t box[3] = {f8::BK, (cuuint32_t)bn, 1};
         if (!mok_tma::encode(&tma_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, a->b, 3, dims, strides, box)) return MOK_ERR_ARG;
-        /* and in halves of BN / 2 rows, the part of a shared B tile each CTA of a pair multicasts */
-        const cuuint32_t half_box[3] = {f8::BK, f8::BN / 2, 1};
+        /* and in halves of bn / 2 rows: the part of a shared B tile each CTA of a pair multicasts, or
+         * a SwiGLU tile's gate and up halves */
+        const cuuint32_t half_box[3] = {f8::BK, (cuuint32_t)bn / 2, 1};
         if (!mok_tma::encode(&tma_b_half, CU_TENSOR_MAP_DATA_TYPE_UINT8, a->b, 3, dims, strides, half_box))
             return MOK_ERR_ARG;
     }
@@ -125,7 +137,7 @@ extern "C" int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args*
     p.R = a->R;
     p.N = a->N;
     p.Kd = a->K;
-    p.num_n_tiles = mok_ceil_div(a->N, f8::BN);
+    p.num_n_tiles = mok_ceil_div(a->N, bn);
     p.num_kb = a->K / f8::BK;
     p.I = a->N / 2;
     p.error_flag = a->error_flag;
@@ -133,16 +145,16 @@ extern "C" int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args*
     /* NOTE: a pair needs two SMs of one GPC; with fewer SMs than that, one CTA per cluster */
     const int num_sms = a->num_sms > 0 ? a->num_sms : mok_num_sms();
     const int64_t tiles = mok_ceil_div(a->R, f8::BM) * p.num_n_tiles; /* SwiGLU: N / 128 = I / 64 tiles per row */
-    if (a->act != NULL) { /* (single CTAs: the pairs' multicast halves are not the gate and up halves) */
-        if constexpr (f8::BN == f8::SCALE_BLOCK)
-            return launch<false, 1, true>(tma_a, tma_b, tma_b_half, tma_out, tma_act, p, tiles, num_sms, stream);
-        else
-            return MOK_ERR_ARG; /* (the BN = 192 experiment builds have no SwiGLU variant) */
-    }
-    if (fp8_cluster_size() == 2 && num_sms >= 2)
-        return launch<false, 2>(tma_a, tma_b, tma_b_half, tma_out, tma_act, p,
-                                mok_ceil_div(a->R, 2 * f8::BM) * p.num_n_tiles, num_sms, stream);
-    return launch<false, 1>(tma_a, tma_b, tma_b_half, tma_out, tma_act, p, tiles, num_sms, stream);
+    if (a->act != NULL) /* (single CTAs: the pairs' multicast halves are not the gate and up halves) */
+        return launch<f8::BN_SWIGLU, false, 1, true>(tma_a, tma_b, tma_b_half, tma_out, tma_act, p, tiles, num_sms,
+                                                     stream);
+    const bool pairs = fp8_cluster_size() == 2 && num_sms >= 2;
+    const int64_t pair_units = mok_ceil_div(a->R, 2 * f8::BM) * p.num_n_tiles;
+    if (bn == 128)
+        return pairs ? launch<128, false, 2>(tma_a, tma_b, tma_b_half, tma_out, tma_act, p, pair_units, num_sms, stream)
+                     : launch<128, false, 1>(tma_a, tma_b, tma_b_half, tma_out, tma_act, p, tiles, num_sms, stream);
+    return pairs ? launch<f8::BN_FWD, false, 2>(tma_a, tma_b, tma_b_half, tma_out, tma_act, p, pair_units, num_sms, stream)
+                 : launch<f8::BN_FWD, false, 1>(tma_a, tma_b, tma_b_half, tma_out, tma_act, p, tiles, num_sms, stream);
 }
 
 extern "C" int mok_grouped_gemm_fp8_wgrad_supported(const struct mok_grouped_gemm_fp8_wgrad_args* a) {
@@ -161,6 +173,7 @@ extern "C" int mok_grouped_gemm_fp8_wgrad_cuda(const struct mok_grouped_gemm_fp8
     const int64_t R = a->R > 0 ? a->R : 16; /* a tensor map needs a non-empty extent (never read: no K-blocks) */
     MOK_CHECK_ARG(a->R == 0 || (a->a != NULL && a->sa != NULL && a->b != NULL && a->sb != NULL));
 
+    const int bn = fp8_narrow_tiles() ? 128 : (int)f8::BN_WGRAD;
     CUtensorMap tma_a, tma_b, tma_out;
     {
         /* A [M, R] bytes: boxes of 128 rows (of M) x 128 R (one 128-byte swizzle row each) */
@@ -171,10 +184,10 @@ extern "C" int mok_grouped_gemm_fp8_wgrad_cuda(const struct mok_grouped_gemm_fp8
         if (!mok_tma::encode(&tma_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, base, 2, dims, strides, box)) return MOK_ERR_ARG;
     }
     {
-        /* B [N, R] bytes: boxes of BN rows (of N) x 128 R */
+        /* B [N, R] bytes: boxes of bn rows (of N) x 128 R */
         const cuuint64_t dims[2] = {(cuuint64_t)R, (cuuint64_t)a->N};
         const cuuint64_t strides[1] = {(cuuint64_t)R};
-        const cuuint32_t box[2] = {f8::BK, f8::BN};
+        const cuuint32_t box[2] = {f8::BK, (cuuint32_t)bn};
         const void* base = a->R > 0 ? a->b : a->out;
         if (!mok_tma::encode(&tma_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, base, 2, dims, strides, box)) return MOK_ERR_ARG;
     }
@@ -196,8 +209,9 @@ extern "C" int mok_grouped_gemm_fp8_wgrad_cuda(const struct mok_grouped_gemm_fp8
     p.N = a->N;
     p.M = a->M;
     p.num_m_tiles = a->M / f8::BM;
-    p.num_n_tiles = mok_ceil_div(a->N, f8::BN);
+    p.num_n_tiles = mok_ceil_div(a->N, bn);
     p.error_flag = a->error_flag;
-    return launch<true, 1>(tma_a, tma_b, tma_b, tma_out, tma_out, p, a->E * p.num_m_tiles * p.num_n_tiles, a->num_sms,
-                           stream);
+    const int64_t tiles = a->E * p.num_m_tiles * p.num_n_tiles;
+    return bn == 128 ? launch<128, true, 1>(tma_a, tma_b, tma_b, tma_out, tma_out, p, tiles, a->num_sms, stream)
+                     : launch<f8::BN_WGRAD, true, 1>(tma_a, tma_b, tma_b, tma_out, tma_out, p, tiles, a->num_sms, stream);
 }

@@ -52,52 +52,31 @@ namespace mok_sm90_fp8 {
 
 using mok_sm90::epi_stager;
 
-/* MOK_SM90_FP8_BN: the tile's width, 128 (default) or 192 (an experiment: 17% fewer operand bytes
- * per MAC, 96 + 96 fp32 accumulators per thread, 4 stages; a tile then spans two 128-wide scale
- * blocks of B). */
-#ifndef MOK_SM90_FP8_BN
-#define MOK_SM90_FP8_BN 128
+/* Tile widths (performance log v30). The plain forward (MOK_SM90_FP8_BN_FWD) and the weight gradient
+ * (MOK_SM90_FP8_BN_WGRAD) run 128 x 192 tiles: 96 + 96 fp32 accumulators per thread, a tile spanning
+ * two 128-wide scale blocks of B (forward), and 13% fewer shared-memory bytes per MAC than 128 x 128
+ * (at the FP8 rate a 128 x 128 tile's wgmma reads and TMA writes need 160 bytes per clock of the 128
+ * an SM's shared memory delivers; 128 x 192, 139); measured +0-9% forward, +4% weight gradient. The
+ * SwiGLU variant keeps 128 x 128 (64 gate + 64 up rows, each inside one 128 x 128 scale block). */
+#ifndef MOK_SM90_FP8_BN_FWD
+#define MOK_SM90_FP8_BN_FWD 192
 #endif
-
-/* MOK_SM90_FP8_STAGES: the ring's depth; 5 (BN 128) or 4 (BN 192) is what fits beside the 32 KiB
- * epilogue buffer. 6 fits with one epilogue buffer per warpgroup (-DMOK_SM90_EPI_BUFS=1), an
- * experiment for the standalone checker. */
-#ifndef MOK_SM90_FP8_STAGES
-#define MOK_SM90_FP8_STAGES (MOK_SM90_FP8_BN == 128 ? 5 : 4)
+#ifndef MOK_SM90_FP8_BN_WGRAD
+#define MOK_SM90_FP8_BN_WGRAD 192
 #endif
 
 enum {
     BM = 128,
-    BN = MOK_SM90_FP8_BN,
     BK = 128, /* bytes of FP8 along K: one 128B swizzle row */
     SCALE_BLOCK = 128,
-    kStages = MOK_SM90_FP8_STAGES,
     kThreads = 384,
     kProducerRegs = 40,
     kConsumerRegs = 232,
     STAGE_A_BYTES = BM * BK,
-    STAGE_B_BYTES = BN * BK,
+    BN_FWD = MOK_SM90_FP8_BN_FWD,
+    BN_SWIGLU = 128,
+    BN_WGRAD = MOK_SM90_FP8_BN_WGRAD,
 };
-
-struct smem_layout {
-    uint8_t a[kStages][BM * BK];
-    uint8_t b[kStages][BN * BK];
-    __nv_bfloat16 epi[2][mok_sm90::kEpiBufs][64 * 64];
-    float sa[kStages][BM]; /* A scales of the stage's K-block, one per tile row */
-    float sb[kStages][4];  /* the B scales of the stage's K-block: the tile's first and (BN > 128) second
-                              128-column block (padded to 16 bytes) */
-    /* wgrad: the K-block's A scales (one per tile row) and B scales (one per tile column: B is 1 x 128
-     * along K, like A), two copies per stage selected by the ring phase, so that a stage goes back
-     * to the producer as soon as its wgmma has drained while its promotion still reads the scales
-     * (the producer rewrites a copy two rounds later, after this consumer's next release) */
-    float wsa[2][kStages][BM];
-    float wsb[2][kStages][BN];
-    uint64_t full[kStages];
-    uint64_t empty[kStages];
-};
-static_assert(sizeof(smem_layout) + 1024 <= 227 * 1024, "shared memory budget of one CTA");
-static_assert(STAGE_A_BYTES % 1024 == 0 && STAGE_B_BYTES % 1024 == 0, "stage buffers keep 1024-byte alignment");
-static_assert(BN == 128 || BN == 192, "tile widths with a wgmma wrapper: 128, 192");
 
 struct params {
     const float* sa;        /* [R, Kd / 128] */
@@ -105,7 +84,7 @@ struct params {
     const int32_t* offsets; /* [E + 1], multiples of 128 */
     int32_t E;
     int64_t R, N, Kd;
-    int64_t num_n_tiles, num_kb; /* ceil(N / BN), Kd / 128 */
+    int64_t num_n_tiles, num_kb; /* ceil(N / the tile width), Kd / 128 */
     int64_t I;                   /* SwiGLU variant: N / 2, the row of B where the up half starts */
     int32_t* error_flag; /* host-mapped error word or NULL */
     /* wgrad: out [E, M, N]; the contraction runs over each expert's rows of the R-row space; sa, sb
@@ -167,9 +146,69 @@ __device__ __forceinline__ void fp8_sched_init(mok_tile_sched* sched, const para
  * the 128 threads that copy the row scales */
 enum { kFwdFullArrivals = 1 + 128 };
 
+/* ---- consumers ---- */
+
+/* Timing bound only (WRONG results): MOK_SM90_FP8_NO_PROMOTE=1 accumulates every K-block straight
+ * into acc (no FP32 promotion, still one wait_group 0 per K-block); =2 also keeps one K-block's wgmma
+ * in flight (wait_group 1, the BF16 kernel's pipeline). Why: torch's row-wise FP8 kernel, which does
+ * neither, runs 19% more TFLOP/s per GHz on the same problems (v25); this says how much of that is
+ * the promotion and how much the drain per K-block. */
+#ifndef MOK_SM90_FP8_NO_PROMOTE
+#define MOK_SM90_FP8_NO_PROMOTE 0
+#endif
+
+/* The consumer warpgroup's index (0, 1), warp-uniform for ptxas (a shuffle from lane 0): the A
+ * descriptors derived from it then live in uniform registers (no R2UR per wgmma). */
+__device__ __forceinline__ int consumer_wg() { return __shfl_sync(0xFFFFFFFFu, (int)(threadIdx.x / 128), 0) - 1; }
+
+/* The scales of one K-block in flight, read from its stage before its wgmma (early release). */
+struct kblock_scales {
+    float sa0 = 0.f, sa1 = 0.f, sb0 = 0.f, sb1 = 0.f;
+};
+
+/* (A consumer warp hands a stage back with the BF16 kernel's mok_sm90::release_stage: to its
+ * producer, and in a pair also to the peer's.) */
+using mok_sm90::release_stage;
+
+/* ------------------------------------------------------------------------------------------------
+ * One tile width's kernel pieces: 128 x BN tiles, the ring, producer, consumers, epilogue
+ * ---------------------------------------------------------------------------------------------- */
+template <int BN>
+struct fp8_tile {
+    static_assert(BN == 128 || BN == 192, "tile widths with a wgmma wrapper: 128, 192");
+
+/* MOK_SM90_FP8_STAGES: the ring's depth; 5 (BN 128) or 4 (BN 192) is what fits beside the 32 KiB
+ * epilogue buffer. 6 fits with one epilogue buffer per warpgroup (-DMOK_SM90_EPI_BUFS=1), an
+ * experiment for the standalone checker. */
+#ifdef MOK_SM90_FP8_STAGES
+    enum { kStages = MOK_SM90_FP8_STAGES };
+#else
+    enum { kStages = BN == 128 ? 5 : 4 };
+#endif
+    enum { STAGE_B_BYTES = BN * BK };
+
+struct smem_layout {
+    uint8_t a[kStages][BM * BK];
+    uint8_t b[kStages][BN * BK];
+    __nv_bfloat16 epi[2][mok_sm90::kEpiBufs][64 * 64];
+    float sa[kStages][BM]; /* A scales of the stage's K-block, one per tile row */
+    float sb[kStages][4];  /* the B scales of the stage's K-block: the tile's first and (BN > 128) second
+                              128-column block (padded to 16 bytes) */
+    /* wgrad: the K-block's A scales (one per tile row) and B scales (one per tile column: B is 1 x 128
+     * along K, like A), two copies per stage selected by the ring phase, so that a stage goes back
+     * to the producer as soon as its wgmma has drained while its promotion still reads the scales
+     * (the producer rewrites a copy two rounds later, after this consumer's next release) */
+    float wsa[2][kStages][BM];
+    float wsb[2][kStages][BN];
+    uint64_t full[kStages];
+    uint64_t empty[kStages];
+};
+static_assert(sizeof(smem_layout) + 1024 <= 227 * 1024, "shared memory budget of one CTA");
+static_assert(STAGE_A_BYTES % 1024 == 0 && STAGE_B_BYTES % 1024 == 0, "stage buffers keep 1024-byte alignment");
+
 /* ---- producer: TMA for the tiles, cp.async for the scales (one per thread and K-block) ---- */
 template <int kCluster, bool kSwiGLU>
-__device__ __forceinline__ void produce(smem_layout& s, const params& p, const CUtensorMap* tma_a,
+static __device__ __forceinline__ void produce(smem_layout& s, const params& p, const CUtensorMap* tma_a,
                                         const CUtensorMap* tma_b, const CUtensorMap* tma_b_half, int64_t rows_used) {
     const int tid = threadIdx.x; /* 0..127 */
     const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
@@ -225,32 +264,6 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
     }
 }
 
-/* ---- consumers ---- */
-
-/* Timing bound only (WRONG results): MOK_SM90_FP8_NO_PROMOTE=1 accumulates every K-block straight
- * into acc (no FP32 promotion, still one wait_group 0 per K-block); =2 also keeps one K-block's wgmma
- * in flight (wait_group 1, the BF16 kernel's pipeline). Why: torch's row-wise FP8 kernel, which does
- * neither, runs 19% more TFLOP/s per GHz on the same problems (v25); this says how much of that is
- * the promotion and how much the drain per K-block. */
-#ifndef MOK_SM90_FP8_NO_PROMOTE
-#define MOK_SM90_FP8_NO_PROMOTE 0
-#endif
-
-/* MOK_SM90_FP8_ORDERED=1 (an experiment, v30): the two consumer warpgroups take turns issuing their
- * K-blocks (warpgroup 0 issues K-block kb, then 1 issues kb, then 0 issues kb + 1, ...: two named
- * barriers, CUTLASS's ordered-sequence handoff at K-block granularity). Why: when a stage lands both
- * warpgroups issue at once; if the tensor cores interleave the two groups, both drain together and
- * both promote together with the tensor cores idle. Taking turns makes the queue 0, 1, 0, 1, so that
- * one warpgroup's promotion runs under the other's wgmma. */
-#ifndef MOK_SM90_FP8_ORDERED
-#define MOK_SM90_FP8_ORDERED 0
-#endif
-enum { kBarTurnWg0 = 4, kBarTurnWg1 = 5 }; /* hardware barriers 1-3: the epilogue's */
-
-/* The consumer warpgroup's index (0, 1), warp-uniform for ptxas (a shuffle from lane 0): the A
- * descriptors derived from it then live in uniform registers (no R2UR per wgmma). */
-__device__ __forceinline__ int consumer_wg() { return __shfl_sync(0xFFFFFFFFu, (int)(threadIdx.x / 128), 0) - 1; }
-
 /* Issues the wgmma of one K-block (4 steps of k32) into part, as one commit group; accumulate = 0
  * starts part from zero.
  * Each K step's descriptor is the K-block's plus a constant: a step of 32 FP8 values is 32 bytes
@@ -259,7 +272,7 @@ __device__ __forceinline__ int consumer_wg() { return __shfl_sync(0xFFFFFFFFu, (
  * warp-uniform warpgroup index, 76 -> 38 SASS instructions from the full-barrier wait to the drain,
  * +1.5-2% (v25). */
 template <bool kFenceOperands = true>
-__device__ __forceinline__ void mma_kblock(float (&part)[BN / 2], uint32_t a_addr, uint32_t b_addr, int accumulate = 0) {
+static __device__ __forceinline__ void mma_kblock(float (&part)[BN / 2], uint32_t a_addr, uint32_t b_addr, int accumulate = 0) {
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i)
         if (kFenceOperands) wgmma_fence_operand(part[i]);
@@ -282,7 +295,7 @@ __device__ __forceinline__ void mma_kblock(float (&part)[BN / 2], uint32_t a_add
  * NOTE: part's wgmma group must have retired (wait_group); the operand fence keeps the reads after
  * that wait. */
 template <bool kTwoBlocks>
-__device__ __forceinline__ void promote(float (&acc)[BN / 2], float (&part)[BN / 2], float sa0, float sa1,
+static __device__ __forceinline__ void promote(float (&acc)[BN / 2], float (&part)[BN / 2], float sa0, float sa1,
                                         float sb0, float sb1, int split) {
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) wgmma_fence_operand(part[i]);
@@ -319,18 +332,9 @@ struct ring_pos {
  * the tensor cores while kb is promoted: 914 against 974 TFLOP/s in v16, 994 against 1051 with
  * early release in v24. The two consumer warpgroups already overlap each other's promotion.) */
 
-/* The scales of one K-block in flight, read from its stage before its wgmma (early release). */
-struct kblock_scales {
-    float sa0 = 0.f, sa1 = 0.f, sb0 = 0.f, sb1 = 0.f;
-};
-
-/* (A consumer warp hands a stage back with the BF16 kernel's mok_sm90::release_stage: to its
- * producer, and in a pair also to the peer's.) */
-using mok_sm90::release_stage;
-
 /* The SwiGLU variant's epilogue of one warpgroup's 64 rows: chunks 0 (gate) and 1 (up) of h at
  * their columns of [R, 2I], then act's 64 columns from the rounded gate and up values. */
-__device__ __forceinline__ void store_swiglu_tile(epi_stager& e, const params& p, const float* acc, int64_t n_tile,
+static __device__ __forceinline__ void store_swiglu_tile(epi_stager& e, const params& p, const float* acc, int64_t n_tile,
                                                   int32_t row0, const CUtensorMap* tma_h, const CUtensorMap* tma_act) {
     const int32_t c = (int32_t)(n_tile * (BN / 2));
     uint32_t buf = mok_sm90::epi_stage_acc(e, acc, 0);
@@ -346,7 +350,7 @@ __device__ __forceinline__ void store_swiglu_tile(epi_stager& e, const params& p
 }
 
 template <int kCluster, bool kSwiGLU>
-__device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used,
+static __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used,
                                         const CUtensorMap* tma_out, const CUtensorMap* tma_act) {
     const int wg = consumer_wg();
     const int t = threadIdx.x & 127;
@@ -379,7 +383,6 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
     };
 
     const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
-    bool issued_any = false; /* MOK_SM90_FP8_ORDERED: this warpgroup has issued a K-block */
     mok_tile_sched sched;
     fp8_sched_init<kCluster>(&sched, p, rows_used);
     mok_tile unit;
@@ -418,13 +421,7 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
             }
         }
         for (int kb = 0; kb < (MOK_SM90_FP8_NO_PROMOTE ? 0 : nkb); ++kb) {
-            if (MOK_SM90_FP8_ORDERED) { /* wait for the other warpgroup's previous issue (warpgroup 0's
-                                         * very first issue waits for nothing) */
-                if (wg == 1 || issued_any) named_barrier_sync(wg == 0 ? kBarTurnWg0 : kBarTurnWg1, 256);
-                issued_any = true;
-            }
             issue(pos);
-            if (MOK_SM90_FP8_ORDERED) named_barrier_arrive(wg == 0 ? kBarTurnWg1 : kBarTurnWg0, 256);
             const long long t_drain = MOK_TIMING_NOW();
             wgmma_wait_group<0>();
             MOK_TIMING_ADD(mok_sm90::TIMING_DRAIN, t_drain);
@@ -454,8 +451,6 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
         }
         MOK_TIMING_ADD(mok_sm90::TIMING_EPILOGUE, t_epi);
     }
-    /* MOK_SM90_FP8_ORDERED: take warpgroup 1's last handoff, so that no barrier is left mid-phase */
-    if (MOK_SM90_FP8_ORDERED && wg == 0 && issued_any) named_barrier_sync(kBarTurnWg0, 256);
     mok_sm90::epi_finish(epi);
 }
 
@@ -465,13 +460,13 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
 
 /* K-blocks [kb0, kb0 + nkb) of expert e (the kernel has checked that the offsets are 128-aligned,
  * non-decreasing and within R). */
-__device__ __forceinline__ void wgrad_kblocks(const params& p, int64_t e, int64_t& kb0, int64_t& nkb) {
+static __device__ __forceinline__ void wgrad_kblocks(const params& p, int64_t e, int64_t& kb0, int64_t& nkb) {
     const int64_t lo = p.offsets[e], hi = p.offsets[e + 1];
     kb0 = lo / SCALE_BLOCK;
     nkb = (hi - lo) / SCALE_BLOCK;
 }
 
-__device__ __forceinline__ void produce_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_a,
+static __device__ __forceinline__ void produce_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_a,
                                               const CUtensorMap* tma_b) {
     /* one thread: two tiles by TMA and two runs of scales by bulk copy per stage (the scales are
      * MN-major; v19: 256 four-byte cp.async per stage cost the kernel 11-16%) */
@@ -509,7 +504,7 @@ __device__ __forceinline__ void produce_wgrad(smem_layout& s, const params& p, c
 /* FP32 promotion with a scale per column: acc += part * sa[row] * sb[column]. Registers 4g..4g+3
  * hold columns c = 8g + 2 (lane % 4) + {0, 1} of rows r_lo (4g, 4g + 1) and r_lo + 8 (4g + 2, 4g + 3).
  * NOTE: as promote(), part's wgmma group must have retired. */
-__device__ __forceinline__ void promote_cols(float (&acc)[BN / 2], float (&part)[BN / 2], float sa0, float sa1,
+static __device__ __forceinline__ void promote_cols(float (&acc)[BN / 2], float (&part)[BN / 2], float sa0, float sa1,
                                              const float* sb_cols, int lane) {
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) wgmma_fence_operand(part[i]);
@@ -523,7 +518,7 @@ __device__ __forceinline__ void promote_cols(float (&acc)[BN / 2], float (&part)
     }
 }
 
-__device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_out) {
+static __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_out) {
     const int wg = consumer_wg();
     const int t = threadIdx.x & 127;
     const int warp = t >> 5, lane = t & 31;
@@ -566,6 +561,8 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
     mok_sm90::epi_finish(epi);
 }
 
+};  // struct fp8_tile
+
 /* A plan the kernel cannot take: an offset not a multiple of 128 (both variants), or (wgrad, whose
  * scale reads follow the offsets) decreasing or past R. */
 __device__ __forceinline__ bool bad_offset(const params& p, int64_t e, bool wgrad) {
@@ -574,9 +571,10 @@ __device__ __forceinline__ bool bad_offset(const params& p, int64_t e, bool wgra
     return wgrad && (off < 0 || off > p.R || (e > 0 && off < (int64_t)p.offsets[e - 1]));
 }
 
-/* tma_b_half: B in boxes of BN / 2 rows, the half a CTA of a pair multicasts (kCluster = 2), or the
- * gate and up halves of a SwiGLU tile; tma_act: the SwiGLU variant's act [R, I] (others: unused). */
-template <bool kWgrad, int kCluster, bool kSwiGLU>
+/* 128 x BN tiles. tma_b: B in boxes of BN rows; tma_b_half: in boxes of BN / 2 rows, the half a CTA
+ * of a pair multicasts (kCluster = 2), or the gate and up halves of a SwiGLU tile; tma_act: the
+ * SwiGLU variant's act [R, I] (others: unused). */
+template <int BN, bool kWgrad, int kCluster, bool kSwiGLU>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_fp8_nt_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                                const __grid_constant__ CUtensorMap tma_b_half,
@@ -585,10 +583,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     static_assert(kCluster == 1 || (kCluster == 2 && !kWgrad), "pairs: the forward only");
     static_assert(!kSwiGLU || (kCluster == 1 && !kWgrad && BN == SCALE_BLOCK),
                   "SwiGLU: the single-CTA forward with 128-wide tiles (64 gate + 64 up rows)");
+    using tile = fp8_tile<BN>;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    smem_layout& s = *reinterpret_cast<smem_layout*>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    auto& s = *reinterpret_cast<typename tile::smem_layout*>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     if (threadIdx.x == 0) {
-        for (int i = 0; i < kStages; ++i) {
+        for (int i = 0; i < tile::kStages; ++i) {
             /* the TMA thread's expect_tx, + 128 cp.async arrivals for the forward's row scales (the
              * weight gradient's scales come by bulk copy, counted in the expect_tx) */
             mbarrier_init(&s.full[i], kWgrad ? 1 : kFwdFullArrivals);
@@ -617,16 +616,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x < 128) {
         setmaxnreg_dec<kProducerRegs>();
         if (kWgrad) {
-            produce_wgrad(s, p, &tma_a, &tma_b);
+            tile::produce_wgrad(s, p, &tma_a, &tma_b);
         } else {
-            produce<kCluster, kSwiGLU>(s, p, &tma_a, &tma_b, &tma_b_half, rows_used);
+            tile::template produce<kCluster, kSwiGLU>(s, p, &tma_a, &tma_b, &tma_b_half, rows_used);
         }
     } else {
         setmaxnreg_inc<kConsumerRegs>();
         if (kWgrad) {
-            consume_wgrad(s, p, &tma_out);
+            tile::consume_wgrad(s, p, &tma_out);
         } else {
-            consume<kCluster, kSwiGLU>(s, p, rows_used, &tma_out, &tma_act);
+            tile::template consume<kCluster, kSwiGLU>(s, p, rows_used, &tma_out, &tma_act);
         }
     }
     /* ---- a CTA's shared memory must outlive its peer's multicasts and remote arrivals (the
