@@ -177,9 +177,9 @@ template <int BN>
 struct fp8_tile {
     static_assert(BN == 128 || BN == 192, "tile widths with a wgmma wrapper: 128, 192");
 
-/* MOK_SM90_FP8_STAGES: the ring's depth; 5 (BN 128) or 4 (BN 192) is what fits beside the 32 KiB
- * epilogue buffer. 6 fits with one epilogue buffer per warpgroup (-DMOK_SM90_EPI_BUFS=1), an
- * experiment for the standalone checker. */
+    /* MOK_SM90_FP8_STAGES: the ring's depth; 5 (BN 128) or 4 (BN 192) is what fits beside the 32 KiB
+     * epilogue buffer. 6 fits with one epilogue buffer per warpgroup (-DMOK_SM90_EPI_BUFS=1), an
+     * experiment for the standalone checker. */
 #ifdef MOK_SM90_FP8_STAGES
     enum { kStages = MOK_SM90_FP8_STAGES };
 #else
@@ -187,379 +187,383 @@ struct fp8_tile {
 #endif
     enum { STAGE_B_BYTES = BN * BK };
 
-struct smem_layout {
-    uint8_t a[kStages][BM * BK];
-    uint8_t b[kStages][BN * BK];
-    __nv_bfloat16 epi[2][mok_sm90::kEpiBufs][64 * 64];
-    float sa[kStages][BM]; /* A scales of the stage's K-block, one per tile row */
-    float sb[kStages][4];  /* the B scales of the stage's K-block: the tile's first and (BN > 128) second
-                              128-column block (padded to 16 bytes) */
-    /* wgrad: the K-block's A scales (one per tile row) and B scales (one per tile column: B is 1 x 128
-     * along K, like A), two copies per stage selected by the ring phase, so that a stage goes back
-     * to the producer as soon as its wgmma has drained while its promotion still reads the scales
-     * (the producer rewrites a copy two rounds later, after this consumer's next release) */
-    float wsa[2][kStages][BM];
-    float wsb[2][kStages][BN];
-    uint64_t full[kStages];
-    uint64_t empty[kStages];
-};
-static_assert(sizeof(smem_layout) + 1024 <= 227 * 1024, "shared memory budget of one CTA");
-static_assert(STAGE_A_BYTES % 1024 == 0 && STAGE_B_BYTES % 1024 == 0, "stage buffers keep 1024-byte alignment");
+    struct smem_layout {
+        uint8_t a[kStages][BM * BK];
+        uint8_t b[kStages][BN * BK];
+        __nv_bfloat16 epi[2][mok_sm90::kEpiBufs][64 * 64];
+        float sa[kStages][BM]; /* A scales of the stage's K-block, one per tile row */
+        float sb[kStages][4];  /* the B scales of the stage's K-block: the tile's first and (BN > 128) second
+                                  128-column block (padded to 16 bytes) */
+        /* wgrad: the K-block's A scales (one per tile row) and B scales (one per tile column: B is 1 x 128
+         * along K, like A), two copies per stage selected by the ring phase, so that a stage goes back
+         * to the producer as soon as its wgmma has drained while its promotion still reads the scales
+         * (the producer rewrites a copy two rounds later, after this consumer's next release) */
+        float wsa[2][kStages][BM];
+        float wsb[2][kStages][BN];
+        uint64_t full[kStages];
+        uint64_t empty[kStages];
+    };
+    static_assert(sizeof(smem_layout) + 1024 <= 227 * 1024, "shared memory budget of one CTA");
+    static_assert(STAGE_A_BYTES % 1024 == 0 && STAGE_B_BYTES % 1024 == 0, "stage buffers keep 1024-byte alignment");
 
-/* ---- producer: TMA for the tiles, cp.async for the scales (one per thread and K-block) ---- */
-template <int kCluster, bool kSwiGLU>
-static __device__ __forceinline__ void produce(smem_layout& s, const params& p, const CUtensorMap* tma_a,
-                                        const CUtensorMap* tma_b, const CUtensorMap* tma_b_half, int64_t rows_used) {
-    const int tid = threadIdx.x; /* 0..127 */
-    const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
-    uint32_t stage = 0, phase = 0;
-    mok_tile_sched sched;
-    fp8_sched_init<kCluster>(&sched, p, rows_used);
-    mok_tile unit;
-    while (mok_sched_next_tile(&sched, &unit)) {
-        const fp8_job j = fp8_job_of<kCluster>(p, unit, rank, rows_used);
-        if (!j.active) continue;
-        const int32_t e = j.e_load;
-        const mok_tile& tile = j.tile;
-        const int64_t row = tile.m0 + tid;
-        const bool row_ok = row < p.R;
-        const float* sa_row = p.sa + (row_ok ? row : 0) * p.num_kb;
-        /* the tile's B scale blocks: the one of its first column, and (BN > 128) the next one, clamped
-         * to the last block (a partial last tile stores no column of a block past N); SwiGLU: the
-         * gate half's block and the up half's */
-        const int32_t n0 = (int32_t)(tile.n_tile * (kSwiGLU ? BN / 2 : BN)); /* SwiGLU: the gate half's row */
-        const int64_t n_blocks = p.N / SCALE_BLOCK, blk0 = n0 / SCALE_BLOCK;
-        const int64_t blk1 = kSwiGLU ? (p.I + n0) / SCALE_BLOCK : (blk0 + 1 < n_blocks ? blk0 + 1 : blk0);
-        const float* sb_tile0 = p.sb + ((int64_t)e * n_blocks + blk0) * p.num_kb;
-        const float* sb_tile1 = p.sb + ((int64_t)e * n_blocks + blk1) * p.num_kb;
-        for (int64_t kb = 0; kb < p.num_kb; ++kb) {
-            /* (a pair: both CTAs' consumers have released the stage, so the peer's half of B may land) */
-            mbarrier_wait_parity(&s.empty[stage], phase ^ 1);
-            const int32_t k0 = (int32_t)(kb * BK);
-            if (tid == 0) {
-                /* a shared stage: this CTA's half of B and the peer's land here too, 32 KiB in all */
-                mbarrier_arrive_expect_tx(&s.full[stage], STAGE_A_BYTES + STAGE_B_BYTES);
-                tma_load_2d(&s.a[stage][0], tma_a, &s.full[stage], k0, (int32_t)tile.m0);
-                if (kSwiGLU) { /* gate rows n0.., up rows I + n0.. */
-                    tma_load_3d(&s.b[stage][0], tma_b_half, &s.full[stage], k0, n0, e);
-                    tma_load_3d(&s.b[stage][(BN / 2) * BK], tma_b_half, &s.full[stage], k0, (int32_t)p.I + n0, e);
-                } else if (kCluster > 1 && j.shared) {
-                    tma_load_3d_multicast(&s.b[stage][rank * (BN / 2) * BK], tma_b_half, &s.full[stage], 0x3, k0,
-                                          n0 + (int32_t)rank * (BN / 2), e);
-                } else {
-                    tma_load_3d(&s.b[stage][0], tma_b, &s.full[stage], k0, n0, e);
+    /* ---- producer: TMA for the tiles, cp.async for the scales (one per thread and K-block) ---- */
+    template <int kCluster, bool kSwiGLU>
+    static __device__ __forceinline__ void produce(smem_layout& s, const params& p, const CUtensorMap* tma_a,
+                                                   const CUtensorMap* tma_b, const CUtensorMap* tma_b_half,
+                                                   int64_t rows_used) {
+        const int tid = threadIdx.x; /* 0..127 */
+        const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
+        uint32_t stage = 0, phase = 0;
+        mok_tile_sched sched;
+        fp8_sched_init<kCluster>(&sched, p, rows_used);
+        mok_tile unit;
+        while (mok_sched_next_tile(&sched, &unit)) {
+            const fp8_job j = fp8_job_of<kCluster>(p, unit, rank, rows_used);
+            if (!j.active) continue;
+            const int32_t e = j.e_load;
+            const mok_tile& tile = j.tile;
+            const int64_t row = tile.m0 + tid;
+            const bool row_ok = row < p.R;
+            const float* sa_row = p.sa + (row_ok ? row : 0) * p.num_kb;
+            /* the tile's B scale blocks: the one of its first column, and (BN > 128) the next one, clamped
+             * to the last block (a partial last tile stores no column of a block past N); SwiGLU: the
+             * gate half's block and the up half's */
+            const int32_t n0 = (int32_t)(tile.n_tile * (kSwiGLU ? BN / 2 : BN)); /* SwiGLU: the gate half's row */
+            const int64_t n_blocks = p.N / SCALE_BLOCK, blk0 = n0 / SCALE_BLOCK;
+            const int64_t blk1 = kSwiGLU ? (p.I + n0) / SCALE_BLOCK : (blk0 + 1 < n_blocks ? blk0 + 1 : blk0);
+            const float* sb_tile0 = p.sb + ((int64_t)e * n_blocks + blk0) * p.num_kb;
+            const float* sb_tile1 = p.sb + ((int64_t)e * n_blocks + blk1) * p.num_kb;
+            for (int64_t kb = 0; kb < p.num_kb; ++kb) {
+                /* (a pair: both CTAs' consumers have released the stage, so the peer's half of B may land) */
+                mbarrier_wait_parity(&s.empty[stage], phase ^ 1);
+                const int32_t k0 = (int32_t)(kb * BK);
+                if (tid == 0) {
+                    /* a shared stage: this CTA's half of B and the peer's land here too, 32 KiB in all */
+                    mbarrier_arrive_expect_tx(&s.full[stage], STAGE_A_BYTES + STAGE_B_BYTES);
+                    tma_load_2d(&s.a[stage][0], tma_a, &s.full[stage], k0, (int32_t)tile.m0);
+                    if (kSwiGLU) { /* gate rows n0.., up rows I + n0.. */
+                        tma_load_3d(&s.b[stage][0], tma_b_half, &s.full[stage], k0, n0, e);
+                        tma_load_3d(&s.b[stage][(BN / 2) * BK], tma_b_half, &s.full[stage], k0, (int32_t)p.I + n0, e);
+                    } else if (kCluster > 1 && j.shared) {
+                        tma_load_3d_multicast(&s.b[stage][rank * (BN / 2) * BK], tma_b_half, &s.full[stage], 0x3, k0,
+                                              n0 + (int32_t)rank * (BN / 2), e);
+                    } else {
+                        tma_load_3d(&s.b[stage][0], tma_b, &s.full[stage], k0, n0, e);
+                    }
+                    cp_async_4(&s.sb[stage][0], sb_tile0 + kb, 4u);
                 }
-                cp_async_4(&s.sb[stage][0], sb_tile0 + kb, 4u);
+                if ((BN > SCALE_BLOCK || kSwiGLU) && tid == 1) cp_async_4(&s.sb[stage][1], sb_tile1 + kb, 4u);
+                /* rows past R: a zero scale (their A rows are zero-filled by TMA anyway) */
+                if (!MOK_SM90_FP8_SKIP_SCALE_LOADS)
+                    cp_async_4(&s.sa[stage][tid], row_ok ? sa_row + kb : p.sa, row_ok ? 4u : 0u);
+                cp_async_mbarrier_arrive_noinc(&s.full[stage]);
+                if (++stage == kStages) {
+                    stage = 0;
+                    phase ^= 1;
+                }
             }
-            if ((BN > SCALE_BLOCK || kSwiGLU) && tid == 1) cp_async_4(&s.sb[stage][1], sb_tile1 + kb, 4u);
-            /* rows past R: a zero scale (their A rows are zero-filled by TMA anyway) */
-            if (!MOK_SM90_FP8_SKIP_SCALE_LOADS)
-                cp_async_4(&s.sa[stage][tid], row_ok ? sa_row + kb : p.sa, row_ok ? 4u : 0u);
-            cp_async_mbarrier_arrive_noinc(&s.full[stage]);
+        }
+    }
+
+    /* Issues the wgmma of one K-block (4 steps of k32) into part, as one commit group; accumulate = 0
+     * starts part from zero.
+     * Each K step's descriptor is the K-block's plus a constant: a step of 32 FP8 values is 32 bytes
+     * inside the 128-byte swizzled row, and the start-address field is addr >> 4 (addr + 96 stays below
+     * 2^18, so no carry leaves the field). Same descriptors as building each from its address; with the
+     * warp-uniform warpgroup index, 76 -> 38 SASS instructions from the full-barrier wait to the drain,
+     * +1.5-2% (v25). */
+    template <bool kFenceOperands = true>
+    static __device__ __forceinline__ void mma_kblock(float (&part)[BN / 2], uint32_t a_addr, uint32_t b_addr,
+                                                      int accumulate = 0) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i)
+            if (kFenceOperands) wgmma_fence_operand(part[i]);
+        wgmma_fence();
+        const uint64_t da0 = wgmma_desc_kmajor_sw128(a_addr), db0 = wgmma_desc_kmajor_sw128(b_addr);
+#pragma unroll
+        for (int k32 = 0; k32 < BK / 32; ++k32) {
+            const uint64_t da = da0 + (uint64_t)(k32 * 32 >> 4), db = db0 + (uint64_t)(k32 * 32 >> 4);
+            const int scale_d = k32 > 0 ? 1 : accumulate;
+            if (BN == 128) wgmma_m64n128k32_f32_e4m3(part, da, db, scale_d);
+            else wgmma_m64n192k32_f32_e4m3(part, da, db, scale_d);
+        }
+        wgmma_commit_group();
+    }
+
+    /* FP32 promotion of a finished K-block: acc += part * sa[row] * sb[column block] (rows r_lo and
+     * r_lo + 8). Registers 4g..4g+3 hold columns 8g + 2 (lane % 4) + {0, 1}: the group's columns are in
+     * the first scale block when 8g < split (a multiple of 8), whatever the lane; kTwoBlocks: the tile
+     * spans two scale blocks of B (BN > 128, or SwiGLU's gate and up halves).
+     * NOTE: part's wgmma group must have retired (wait_group); the operand fence keeps the reads after
+     * that wait. */
+    template <bool kTwoBlocks>
+    static __device__ __forceinline__ void promote(float (&acc)[BN / 2], float (&part)[BN / 2], float sa0, float sa1,
+                                                   float sb0, float sb1, int split) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) wgmma_fence_operand(part[i]);
+        const float s0a = sa0 * sb0, s1a = sa1 * sb0, s0b = sa0 * sb1, s1b = sa1 * sb1;
+#pragma unroll
+        for (int i = 0; i < BN / 2; i += 4) {
+            const bool first = !kTwoBlocks || 2 * i < split; /* column 8 (i / 4) */
+            const float s0 = first ? s0a : s0b, s1 = first ? s1a : s1b;
+            acc[i] = fmaf(part[i], s0, acc[i]);
+            acc[i + 1] = fmaf(part[i + 1], s0, acc[i + 1]);
+            acc[i + 2] = fmaf(part[i + 2], s1, acc[i + 2]);
+            acc[i + 3] = fmaf(part[i + 3], s1, acc[i + 3]);
+        }
+    }
+
+    /* The consumer's ring position. */
+    struct ring_pos {
+        uint32_t stage = 0, phase = 0;
+        __device__ __forceinline__ void advance() {
             if (++stage == kStages) {
                 stage = 0;
                 phase ^= 1;
             }
         }
-    }
-}
-
-/* Issues the wgmma of one K-block (4 steps of k32) into part, as one commit group; accumulate = 0
- * starts part from zero.
- * Each K step's descriptor is the K-block's plus a constant: a step of 32 FP8 values is 32 bytes
- * inside the 128-byte swizzled row, and the start-address field is addr >> 4 (addr + 96 stays below
- * 2^18, so no carry leaves the field). Same descriptors as building each from its address; with the
- * warp-uniform warpgroup index, 76 -> 38 SASS instructions from the full-barrier wait to the drain,
- * +1.5-2% (v25). */
-template <bool kFenceOperands = true>
-static __device__ __forceinline__ void mma_kblock(float (&part)[BN / 2], uint32_t a_addr, uint32_t b_addr, int accumulate = 0) {
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i)
-        if (kFenceOperands) wgmma_fence_operand(part[i]);
-    wgmma_fence();
-    const uint64_t da0 = wgmma_desc_kmajor_sw128(a_addr), db0 = wgmma_desc_kmajor_sw128(b_addr);
-#pragma unroll
-    for (int k32 = 0; k32 < BK / 32; ++k32) {
-        const uint64_t da = da0 + (uint64_t)(k32 * 32 >> 4), db = db0 + (uint64_t)(k32 * 32 >> 4);
-        const int scale_d = k32 > 0 ? 1 : accumulate;
-        if (BN == 128) wgmma_m64n128k32_f32_e4m3(part, da, db, scale_d);
-        else wgmma_m64n192k32_f32_e4m3(part, da, db, scale_d);
-    }
-    wgmma_commit_group();
-}
-
-/* FP32 promotion of a finished K-block: acc += part * sa[row] * sb[column block] (rows r_lo and
- * r_lo + 8). Registers 4g..4g+3 hold columns 8g + 2 (lane % 4) + {0, 1}: the group's columns are in
- * the first scale block when 8g < split (a multiple of 8), whatever the lane; kTwoBlocks: the tile
- * spans two scale blocks of B (BN > 128, or SwiGLU's gate and up halves).
- * NOTE: part's wgmma group must have retired (wait_group); the operand fence keeps the reads after
- * that wait. */
-template <bool kTwoBlocks>
-static __device__ __forceinline__ void promote(float (&acc)[BN / 2], float (&part)[BN / 2], float sa0, float sa1,
-                                        float sb0, float sb1, int split) {
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) wgmma_fence_operand(part[i]);
-    const float s0a = sa0 * sb0, s1a = sa1 * sb0, s0b = sa0 * sb1, s1b = sa1 * sb1;
-#pragma unroll
-    for (int i = 0; i < BN / 2; i += 4) {
-        const bool first = !kTwoBlocks || 2 * i < split; /* column 8 (i / 4) */
-        const float s0 = first ? s0a : s0b, s1 = first ? s1a : s1b;
-        acc[i] = fmaf(part[i], s0, acc[i]);
-        acc[i + 1] = fmaf(part[i + 1], s0, acc[i + 1]);
-        acc[i + 2] = fmaf(part[i + 2], s1, acc[i + 2]);
-        acc[i + 3] = fmaf(part[i + 3], s1, acc[i + 3]);
-    }
-}
-
-/* The consumer's ring position. */
-struct ring_pos {
-    uint32_t stage = 0, phase = 0;
-    __device__ __forceinline__ void advance() {
-        if (++stage == kStages) {
-            stage = 0;
-            phase ^= 1;
-        }
-    }
-};
-
-/* The stage goes back to the producer as soon as its wgmma has drained, before the promotion
- * (DeepGEMM's order): the K-block's scales are read into registers before its wgmma. Measured on
- * the H200 (standalone checker, v19): 1008 -> 1047 TFLOP/s on DeepSeek-V3 GEMM1, 998 -> 1063 on
- * Mixtral GEMM1 against promoting from the stage and releasing it afterwards.
- * The scales are read with ld.shared: the layout is reached through a cast pointer, and plain C++
- * reads compiled to generic loads (LD.E); +1-2% forward, +7-9% weight gradient (v24).
- * (Tried and removed, slower both times: two partial accumulators, so that K-block kb + 1 runs on
- * the tensor cores while kb is promoted: 914 against 974 TFLOP/s in v16, 994 against 1051 with
- * early release in v24. The two consumer warpgroups already overlap each other's promotion.) */
-
-/* The SwiGLU variant's epilogue of one warpgroup's 64 rows: chunks 0 (gate) and 1 (up) of h at
- * their columns of [R, 2I], then act's 64 columns from the rounded gate and up values. */
-static __device__ __forceinline__ void store_swiglu_tile(epi_stager& e, const params& p, const float* acc, int64_t n_tile,
-                                                  int32_t row0, const CUtensorMap* tma_h, const CUtensorMap* tma_act) {
-    const int32_t c = (int32_t)(n_tile * (BN / 2));
-    uint32_t buf = mok_sm90::epi_stage_acc(e, acc, 0);
-    mok_sm90::epi_store<true>(e, buf, tma_h, c, row0, 0);
-    buf = mok_sm90::epi_stage_acc(e, acc, 1);
-    mok_sm90::epi_store<true>(e, buf, tma_h, (int32_t)p.I + c, row0, 0);
-    buf = mok_sm90::epi_acquire(e);
-    mok_sm90::epi_put_chunk(e, buf, [&](int ci, int h) {
-        const int ig = ci * 4 + 2 * h;
-        return mok_sm90::swiglu_of_rounded(acc, ig, ig + (BN / 2 / 8) * 4);
-    });
-    mok_sm90::epi_store<true>(e, buf, tma_act, c, row0, 0);
-}
-
-template <int kCluster, bool kSwiGLU>
-static __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used,
-                                        const CUtensorMap* tma_out, const CUtensorMap* tma_act) {
-    const int wg = consumer_wg();
-    const int t = threadIdx.x & 127;
-    const int warp = t >> 5, lane = t & 31;
-    const int r_lo = wg * 64 + warp * 16 + (lane >> 2); /* this thread's rows: r_lo, r_lo + 8 */
-    ring_pos pos;
-    float part[BN / 2], acc[BN / 2];
-    epi_stager epi = mok_sm90::make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t);
-    const uint32_t a_base = mok_smem_u32(&s.a[0][wg * 64 * BK]), b_base = mok_smem_u32(&s.b[0][0]);
-    kblock_scales sc; /* the scales of the K-block in flight */
-    /* issue K-block wgmma for the stage at pos (after its bytes have landed) */
-    auto issue = [&](const ring_pos& at) {
-        const long long t_wait = MOK_TIMING_NOW();
-        mbarrier_wait_parity(&s.full[at.stage], at.phase);
-        MOK_TIMING_ADD(mok_sm90::TIMING_FULL_WAIT, t_wait);
-        sc.sa0 = ld_shared_f32(&s.sa[at.stage][r_lo]);
-        sc.sa1 = ld_shared_f32(&s.sa[at.stage][r_lo + 8]);
-        sc.sb0 = ld_shared_f32(&s.sb[at.stage][0]);
-        sc.sb1 = (BN > SCALE_BLOCK || kSwiGLU) ? ld_shared_f32(&s.sb[at.stage][1]) : 0.f;
-        mma_kblock(part, a_base + at.stage * STAGE_A_BYTES, b_base + at.stage * STAGE_B_BYTES);
-    };
-    /* hand the stage at pos back (one arrival per consumer warp: its tiles are read) and promote the
-     * finished K-block */
-    int split = SCALE_BLOCK; /* the tile's columns [0, split) are in its first B scale block */
-    auto retire = [&](const ring_pos& at) {
-        const long long t_promote = MOK_TIMING_NOW();
-        if (lane == 0) release_stage<kCluster>(s, at.stage);
-        promote<BN != SCALE_BLOCK || kSwiGLU>(acc, part, sc.sa0, sc.sa1, sc.sb0, sc.sb1, kSwiGLU ? BN / 2 : split);
-        MOK_TIMING_ADD(mok_sm90::TIMING_PROMOTE, t_promote);
     };
 
-    const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
-    mok_tile_sched sched;
-    fp8_sched_init<kCluster>(&sched, p, rows_used);
-    mok_tile unit;
-    while (mok_sched_next_tile(&sched, &unit)) {
-        /* tiles past the rows in use or before offsets[0]: no mainloop unless the peer's tile has one
-         * (a dummy pass), and the epilogue stores zeros */
-        const fp8_job job = fp8_job_of<kCluster>(p, unit, rank, rows_used);
-        const mok_tile& tile = job.tile;
-        split = SCALE_BLOCK - (int)(tile.n_tile * BN % SCALE_BLOCK);
+    /* The stage goes back to the producer as soon as its wgmma has drained, before the promotion
+     * (DeepGEMM's order): the K-block's scales are read into registers before its wgmma. Measured on
+     * the H200 (standalone checker, v19): 1008 -> 1047 TFLOP/s on DeepSeek-V3 GEMM1, 998 -> 1063 on
+     * Mixtral GEMM1 against promoting from the stage and releasing it afterwards.
+     * The scales are read with ld.shared: the layout is reached through a cast pointer, and plain C++
+     * reads compiled to generic loads (LD.E); +1-2% forward, +7-9% weight gradient (v24).
+     * (Tried and removed, slower both times: two partial accumulators, so that K-block kb + 1 runs on
+     * the tensor cores while kb is promoted: 914 against 974 TFLOP/s in v16, 994 against 1051 with
+     * early release in v24. The two consumer warpgroups already overlap each other's promotion.) */
+
+    /* The SwiGLU variant's epilogue of one warpgroup's 64 rows: chunks 0 (gate) and 1 (up) of h at
+     * their columns of [R, 2I], then act's 64 columns from the rounded gate and up values. */
+    static __device__ __forceinline__ void store_swiglu_tile(epi_stager& e, const params& p, const float* acc,
+                                                             int64_t n_tile, int32_t row0, const CUtensorMap* tma_h,
+                                                             const CUtensorMap* tma_act) {
+        const int32_t c = (int32_t)(n_tile * (BN / 2));
+        uint32_t buf = mok_sm90::epi_stage_acc(e, acc, 0);
+        mok_sm90::epi_store<true>(e, buf, tma_h, c, row0, 0);
+        buf = mok_sm90::epi_stage_acc(e, acc, 1);
+        mok_sm90::epi_store<true>(e, buf, tma_h, (int32_t)p.I + c, row0, 0);
+        buf = mok_sm90::epi_acquire(e);
+        mok_sm90::epi_put_chunk(e, buf, [&](int ci, int h) {
+            const int ig = ci * 4 + 2 * h;
+            return mok_sm90::swiglu_of_rounded(acc, ig, ig + (BN / 2 / 8) * 4);
+        });
+        mok_sm90::epi_store<true>(e, buf, tma_act, c, row0, 0);
+    }
+
+    template <int kCluster, bool kSwiGLU>
+    static __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used,
+                                                   const CUtensorMap* tma_out, const CUtensorMap* tma_act) {
+        const int wg = consumer_wg();
+        const int t = threadIdx.x & 127;
+        const int warp = t >> 5, lane = t & 31;
+        const int r_lo = wg * 64 + warp * 16 + (lane >> 2); /* this thread's rows: r_lo, r_lo + 8 */
+        ring_pos pos;
+        float part[BN / 2], acc[BN / 2];
+        epi_stager epi = mok_sm90::make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t);
+        const uint32_t a_base = mok_smem_u32(&s.a[0][wg * 64 * BK]), b_base = mok_smem_u32(&s.b[0][0]);
+        kblock_scales sc; /* the scales of the K-block in flight */
+        /* issue K-block wgmma for the stage at pos (after its bytes have landed) */
+        auto issue = [&](const ring_pos& at) {
+            const long long t_wait = MOK_TIMING_NOW();
+            mbarrier_wait_parity(&s.full[at.stage], at.phase);
+            MOK_TIMING_ADD(mok_sm90::TIMING_FULL_WAIT, t_wait);
+            sc.sa0 = ld_shared_f32(&s.sa[at.stage][r_lo]);
+            sc.sa1 = ld_shared_f32(&s.sa[at.stage][r_lo + 8]);
+            sc.sb0 = ld_shared_f32(&s.sb[at.stage][0]);
+            sc.sb1 = (BN > SCALE_BLOCK || kSwiGLU) ? ld_shared_f32(&s.sb[at.stage][1]) : 0.f;
+            mma_kblock(part, a_base + at.stage * STAGE_A_BYTES, b_base + at.stage * STAGE_B_BYTES);
+        };
+        /* hand the stage at pos back (one arrival per consumer warp: its tiles are read) and promote the
+         * finished K-block */
+        int split = SCALE_BLOCK; /* the tile's columns [0, split) are in its first B scale block */
+        auto retire = [&](const ring_pos& at) {
+            const long long t_promote = MOK_TIMING_NOW();
+            if (lane == 0) release_stage<kCluster>(s, at.stage);
+            promote<BN != SCALE_BLOCK || kSwiGLU>(acc, part, sc.sa0, sc.sa1, sc.sb0, sc.sb1, kSwiGLU ? BN / 2 : split);
+            MOK_TIMING_ADD(mok_sm90::TIMING_PROMOTE, t_promote);
+        };
+
+        const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
+        mok_tile_sched sched;
+        fp8_sched_init<kCluster>(&sched, p, rows_used);
+        mok_tile unit;
+        while (mok_sched_next_tile(&sched, &unit)) {
+            /* tiles past the rows in use or before offsets[0]: no mainloop unless the peer's tile has one
+             * (a dummy pass), and the epilogue stores zeros */
+            const fp8_job job = fp8_job_of<kCluster>(p, unit, rank, rows_used);
+            const mok_tile& tile = job.tile;
+            split = SCALE_BLOCK - (int)(tile.n_tile * BN % SCALE_BLOCK);
 #pragma unroll
-        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-        /* NOTE: a value that ptxas sees as warp-uniform (a shuffle from lane 0): branches on it around
-         * the wgmma stay non-divergent, otherwise ptxas serialises every wgmma (C7518) */
-        const int nkb = __shfl_sync(0xFFFFFFFFu, job.active ? (int)p.num_kb : 0, 0);
-        const long long t_main = MOK_TIMING_NOW();
-        if (MOK_SM90_FP8_NO_PROMOTE) { /* the timing bound: see its switch */
-            ring_pos prev = pos;
-            for (int kb = 0; kb < nkb; ++kb) {
-                mbarrier_wait_parity(&s.full[pos.stage], pos.phase);
-                /* (no operand fence while a group is in flight: it would read the accumulators) */
-                mma_kblock<MOK_SM90_FP8_NO_PROMOTE == 1>(acc, a_base + pos.stage * STAGE_A_BYTES,
-                                                         b_base + pos.stage * STAGE_B_BYTES, kb > 0);
-                if (MOK_SM90_FP8_NO_PROMOTE == 1) {
-                    wgmma_wait_group<0>();
-                    if (lane == 0) release_stage<kCluster>(s, pos.stage);
-                } else {
-                    wgmma_wait_group<1>();
-                    if (kb > 0 && lane == 0) release_stage<kCluster>(s, prev.stage);
+            for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+            /* NOTE: a value that ptxas sees as warp-uniform (a shuffle from lane 0): branches on it around
+             * the wgmma stay non-divergent, otherwise ptxas serialises every wgmma (C7518) */
+            const int nkb = __shfl_sync(0xFFFFFFFFu, job.active ? (int)p.num_kb : 0, 0);
+            const long long t_main = MOK_TIMING_NOW();
+            if (MOK_SM90_FP8_NO_PROMOTE) { /* the timing bound: see its switch */
+                ring_pos prev = pos;
+                for (int kb = 0; kb < nkb; ++kb) {
+                    mbarrier_wait_parity(&s.full[pos.stage], pos.phase);
+                    /* (no operand fence while a group is in flight: it would read the accumulators) */
+                    mma_kblock<MOK_SM90_FP8_NO_PROMOTE == 1>(acc, a_base + pos.stage * STAGE_A_BYTES,
+                                                             b_base + pos.stage * STAGE_B_BYTES, kb > 0);
+                    if (MOK_SM90_FP8_NO_PROMOTE == 1) {
+                        wgmma_wait_group<0>();
+                        if (lane == 0) release_stage<kCluster>(s, pos.stage);
+                    } else {
+                        wgmma_wait_group<1>();
+                        if (kb > 0 && lane == 0) release_stage<kCluster>(s, prev.stage);
+                    }
+                    prev = pos;
+                    pos.advance();
                 }
-                prev = pos;
+                if (MOK_SM90_FP8_NO_PROMOTE != 1) {
+                    wgmma_wait_group<0>();
+                    if (nkb > 0 && lane == 0) release_stage<kCluster>(s, prev.stage);
+                }
+            }
+            for (int kb = 0; kb < (MOK_SM90_FP8_NO_PROMOTE ? 0 : nkb); ++kb) {
+                issue(pos);
+                const long long t_drain = MOK_TIMING_NOW();
+                wgmma_wait_group<0>();
+                MOK_TIMING_ADD(mok_sm90::TIMING_DRAIN, t_drain);
+                retire(pos);
                 pos.advance();
             }
-            if (MOK_SM90_FP8_NO_PROMOTE != 1) {
-                wgmma_wait_group<0>();
-                if (nkb > 0 && lane == 0) release_stage<kCluster>(s, prev.stage);
+            MOK_TIMING_ADD(mok_sm90::TIMING_MAINLOOP, t_main);
+            if (nkb > 0) MOK_TIMING_COUNT(mok_sm90::TIMING_TILES);
+            if (!job.compute) {
+#pragma unroll
+                for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f; /* a dummy pass's sums are not this tile's */
+            }
+            /* ---- epilogue: [64 x 64] chunks through the BF16 kernel's stager, TMA stores ---- */
+            const int64_t row0 = tile.m0 + 64 * wg;
+            if (row0 >= p.R) continue;
+            const long long t_epi = MOK_TIMING_NOW();
+            if (kSwiGLU) {
+                store_swiglu_tile(epi, p, acc, tile.n_tile, (int32_t)row0, tma_out, tma_act);
+            } else {
+#pragma unroll
+                for (int j = 0; j < BN / 64; ++j) {
+                    const int32_t c = (int32_t)(tile.n_tile * BN + 64 * j);
+                    if (c >= p.N) break;
+                    const uint32_t buf = mok_sm90::epi_stage_acc(epi, acc, j);
+                    mok_sm90::epi_store<true>(epi, buf, tma_out, c, (int32_t)row0, 0);
+                }
+            }
+            MOK_TIMING_ADD(mok_sm90::TIMING_EPILOGUE, t_epi);
+        }
+        mok_sm90::epi_finish(epi);
+    }
+
+    /* ------------------------------------------------------------------------------------------------
+     * weight-gradient variant: one group per expert, K-blocks over the expert's rows
+     * ---------------------------------------------------------------------------------------------- */
+
+    /* K-blocks [kb0, kb0 + nkb) of expert e (the kernel has checked that the offsets are 128-aligned,
+     * non-decreasing and within R). */
+    static __device__ __forceinline__ void wgrad_kblocks(const params& p, int64_t e, int64_t& kb0, int64_t& nkb) {
+        const int64_t lo = p.offsets[e], hi = p.offsets[e + 1];
+        kb0 = lo / SCALE_BLOCK;
+        nkb = (hi - lo) / SCALE_BLOCK;
+    }
+
+    static __device__ __forceinline__ void produce_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_a,
+                                                         const CUtensorMap* tma_b) {
+        /* one thread: two tiles by TMA and two runs of scales by bulk copy per stage (the scales are
+         * MN-major; v19: 256 four-byte cp.async per stage cost the kernel 11-16%) */
+        if (threadIdx.x != 0) return;
+        uint32_t stage = 0, phase = 0;
+        mok_tile_sched sched;
+        mok_sched_init(&sched, p.E, p.num_m_tiles, p.num_n_tiles, BM, INT64_MAX);
+        mok_tile tile;
+        while (mok_sched_next_tile(&sched, &tile)) {
+            int64_t kb0, nkb;
+            wgrad_kblocks(p, tile.group, kb0, nkb);
+            const int64_t n0 = tile.n_tile * BN;
+            /* a partial last tile (BN > 128 only: N % 128 == 0) copies the scales of its columns below N;
+             * the others stay stale and multiply B rows that TMA zero-filled, in columns never stored */
+            const uint32_t sb_bytes = (uint32_t)((p.N - n0 < BN ? p.N - n0 : BN) * 4);
+            const uint32_t scale_bytes = MOK_SM90_FP8_SKIP_SCALE_LOADS ? 0u : BM * 4 + sb_bytes;
+            for (int64_t kb = kb0; kb < kb0 + nkb; ++kb) {
+                mbarrier_wait_parity(&s.empty[stage], phase ^ 1);
+                const int32_t k0 = (int32_t)(kb * BK);
+                mbarrier_arrive_expect_tx(&s.full[stage], STAGE_A_BYTES + STAGE_B_BYTES + scale_bytes);
+                tma_load_2d(&s.a[stage][0], tma_a, &s.full[stage], k0, (int32_t)tile.m0);
+                tma_load_2d(&s.b[stage][0], tma_b, &s.full[stage], k0, (int32_t)n0);
+                if (!MOK_SM90_FP8_SKIP_SCALE_LOADS) {
+                    bulk_load(&s.wsa[phase][stage][0], p.sa + kb * p.M + tile.m0, BM * 4, &s.full[stage]);
+                    bulk_load(&s.wsb[phase][stage][0], p.sb + kb * p.N + n0, sb_bytes, &s.full[stage]);
+                }
+                if (++stage == kStages) {
+                    stage = 0;
+                    phase ^= 1;
+                }
             }
         }
-        for (int kb = 0; kb < (MOK_SM90_FP8_NO_PROMOTE ? 0 : nkb); ++kb) {
-            issue(pos);
-            const long long t_drain = MOK_TIMING_NOW();
-            wgmma_wait_group<0>();
-            MOK_TIMING_ADD(mok_sm90::TIMING_DRAIN, t_drain);
-            retire(pos);
-            pos.advance();
-        }
-        MOK_TIMING_ADD(mok_sm90::TIMING_MAINLOOP, t_main);
-        if (nkb > 0) MOK_TIMING_COUNT(mok_sm90::TIMING_TILES);
-        if (!job.compute) {
+    }
+
+    /* FP32 promotion with a scale per column: acc += part * sa[row] * sb[column]. Registers 4g..4g+3
+     * hold columns c = 8g + 2 (lane % 4) + {0, 1} of rows r_lo (4g, 4g + 1) and r_lo + 8 (4g + 2, 4g + 3).
+     * NOTE: as promote(), part's wgmma group must have retired. */
+    static __device__ __forceinline__ void promote_cols(float (&acc)[BN / 2], float (&part)[BN / 2], float sa0,
+                                                        float sa1, const float* sb_cols, int lane) {
 #pragma unroll
-            for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f; /* a dummy pass's sums are not this tile's */
+        for (int i = 0; i < BN / 2; ++i) wgmma_fence_operand(part[i]);
+#pragma unroll
+        for (int i = 0; i < BN / 2; i += 4) {
+            const float2 sb = ld_shared_f32x2(sb_cols + 2 * i + 2 * (lane & 3));
+            acc[i] = fmaf(part[i], sa0 * sb.x, acc[i]);
+            acc[i + 1] = fmaf(part[i + 1], sa0 * sb.y, acc[i + 1]);
+            acc[i + 2] = fmaf(part[i + 2], sa1 * sb.x, acc[i + 2]);
+            acc[i + 3] = fmaf(part[i + 3], sa1 * sb.y, acc[i + 3]);
         }
-        /* ---- epilogue: [64 x 64] chunks through the BF16 kernel's stager, TMA stores ---- */
-        const int64_t row0 = tile.m0 + 64 * wg;
-        if (row0 >= p.R) continue;
-        const long long t_epi = MOK_TIMING_NOW();
-        if (kSwiGLU) {
-            store_swiglu_tile(epi, p, acc, tile.n_tile, (int32_t)row0, tma_out, tma_act);
-        } else {
+    }
+
+    static __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_out) {
+        const int wg = consumer_wg();
+        const int t = threadIdx.x & 127;
+        const int warp = t >> 5, lane = t & 31;
+        const int r_lo = wg * 64 + warp * 16 + (lane >> 2); /* this thread's rows: r_lo, r_lo + 8 */
+        ring_pos pos;
+        float part[BN / 2], acc[BN / 2];
+        epi_stager epi = mok_sm90::make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t);
+        const uint32_t a_base = mok_smem_u32(&s.a[0][wg * 64 * BK]), b_base = mok_smem_u32(&s.b[0][0]);
+
+        mok_tile_sched sched;
+        mok_sched_init(&sched, p.E, p.num_m_tiles, p.num_n_tiles, BM, INT64_MAX);
+        mok_tile tile;
+        while (mok_sched_next_tile(&sched, &tile)) {
+            int64_t kb0, nkb64;
+            wgrad_kblocks(p, tile.group, kb0, nkb64);
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+            /* NOTE: warp-uniform for ptxas (see consume()) */
+            const int nkb = __shfl_sync(0xFFFFFFFFu, (int)nkb64, 0);
+            for (int kb = 0; kb < nkb; ++kb) {
+                mbarrier_wait_parity(&s.full[pos.stage], pos.phase);
+                mma_kblock(part, a_base + pos.stage * STAGE_A_BYTES, b_base + pos.stage * STAGE_B_BYTES);
+                wgmma_wait_group<0>();
+                /* the tiles are read: release the stage before the promotion (its scales stay, see wsa) */
+                if (lane == 0) mbarrier_arrive(&s.empty[pos.stage]);
+                const float* sa = &s.wsa[pos.phase][pos.stage][0];
+                promote_cols(acc, part, ld_shared_f32(&sa[r_lo]), ld_shared_f32(&sa[r_lo + 8]),
+                             &s.wsb[pos.phase][pos.stage][0], lane);
+                pos.advance();
+            }
+            /* ---- epilogue: out[e, m, n] in [64 x 64] chunks through the [E, M, N] map ---- */
+            const int64_t m0 = tile.m0 + 64 * wg;
 #pragma unroll
             for (int j = 0; j < BN / 64; ++j) {
                 const int32_t c = (int32_t)(tile.n_tile * BN + 64 * j);
                 if (c >= p.N) break;
                 const uint32_t buf = mok_sm90::epi_stage_acc(epi, acc, j);
-                mok_sm90::epi_store<true>(epi, buf, tma_out, c, (int32_t)row0, 0);
+                mok_sm90::epi_store<true>(epi, buf, tma_out, c, (int32_t)m0, (int32_t)tile.group);
             }
         }
-        MOK_TIMING_ADD(mok_sm90::TIMING_EPILOGUE, t_epi);
+        mok_sm90::epi_finish(epi);
     }
-    mok_sm90::epi_finish(epi);
-}
-
-/* ------------------------------------------------------------------------------------------------
- * weight-gradient variant: one group per expert, K-blocks over the expert's rows
- * ---------------------------------------------------------------------------------------------- */
-
-/* K-blocks [kb0, kb0 + nkb) of expert e (the kernel has checked that the offsets are 128-aligned,
- * non-decreasing and within R). */
-static __device__ __forceinline__ void wgrad_kblocks(const params& p, int64_t e, int64_t& kb0, int64_t& nkb) {
-    const int64_t lo = p.offsets[e], hi = p.offsets[e + 1];
-    kb0 = lo / SCALE_BLOCK;
-    nkb = (hi - lo) / SCALE_BLOCK;
-}
-
-static __device__ __forceinline__ void produce_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_a,
-                                              const CUtensorMap* tma_b) {
-    /* one thread: two tiles by TMA and two runs of scales by bulk copy per stage (the scales are
-     * MN-major; v19: 256 four-byte cp.async per stage cost the kernel 11-16%) */
-    if (threadIdx.x != 0) return;
-    uint32_t stage = 0, phase = 0;
-    mok_tile_sched sched;
-    mok_sched_init(&sched, p.E, p.num_m_tiles, p.num_n_tiles, BM, INT64_MAX);
-    mok_tile tile;
-    while (mok_sched_next_tile(&sched, &tile)) {
-        int64_t kb0, nkb;
-        wgrad_kblocks(p, tile.group, kb0, nkb);
-        const int64_t n0 = tile.n_tile * BN;
-        /* a partial last tile (BN > 128 only: N % 128 == 0) copies the scales of its columns below N;
-         * the others stay stale and multiply B rows that TMA zero-filled, in columns never stored */
-        const uint32_t sb_bytes = (uint32_t)((p.N - n0 < BN ? p.N - n0 : BN) * 4);
-        const uint32_t scale_bytes = MOK_SM90_FP8_SKIP_SCALE_LOADS ? 0u : BM * 4 + sb_bytes;
-        for (int64_t kb = kb0; kb < kb0 + nkb; ++kb) {
-            mbarrier_wait_parity(&s.empty[stage], phase ^ 1);
-            const int32_t k0 = (int32_t)(kb * BK);
-            mbarrier_arrive_expect_tx(&s.full[stage], STAGE_A_BYTES + STAGE_B_BYTES + scale_bytes);
-            tma_load_2d(&s.a[stage][0], tma_a, &s.full[stage], k0, (int32_t)tile.m0);
-            tma_load_2d(&s.b[stage][0], tma_b, &s.full[stage], k0, (int32_t)n0);
-            if (!MOK_SM90_FP8_SKIP_SCALE_LOADS) {
-                bulk_load(&s.wsa[phase][stage][0], p.sa + kb * p.M + tile.m0, BM * 4, &s.full[stage]);
-                bulk_load(&s.wsb[phase][stage][0], p.sb + kb * p.N + n0, sb_bytes, &s.full[stage]);
-            }
-            if (++stage == kStages) {
-                stage = 0;
-                phase ^= 1;
-            }
-        }
-    }
-}
-
-/* FP32 promotion with a scale per column: acc += part * sa[row] * sb[column]. Registers 4g..4g+3
- * hold columns c = 8g + 2 (lane % 4) + {0, 1} of rows r_lo (4g, 4g + 1) and r_lo + 8 (4g + 2, 4g + 3).
- * NOTE: as promote(), part's wgmma group must have retired. */
-static __device__ __forceinline__ void promote_cols(float (&acc)[BN / 2], float (&part)[BN / 2], float sa0, float sa1,
-                                             const float* sb_cols, int lane) {
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) wgmma_fence_operand(part[i]);
-#pragma unroll
-    for (int i = 0; i < BN / 2; i += 4) {
-        const float2 sb = ld_shared_f32x2(sb_cols + 2 * i + 2 * (lane & 3));
-        acc[i] = fmaf(part[i], sa0 * sb.x, acc[i]);
-        acc[i + 1] = fmaf(part[i + 1], sa0 * sb.y, acc[i + 1]);
-        acc[i + 2] = fmaf(part[i + 2], sa1 * sb.x, acc[i + 2]);
-        acc[i + 3] = fmaf(part[i + 3], sa1 * sb.y, acc[i + 3]);
-    }
-}
-
-static __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_out) {
-    const int wg = consumer_wg();
-    const int t = threadIdx.x & 127;
-    const int warp = t >> 5, lane = t & 31;
-    const int r_lo = wg * 64 + warp * 16 + (lane >> 2); /* this thread's rows: r_lo, r_lo + 8 */
-    ring_pos pos;
-    float part[BN / 2], acc[BN / 2];
-    epi_stager epi = mok_sm90::make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t);
-    const uint32_t a_base = mok_smem_u32(&s.a[0][wg * 64 * BK]), b_base = mok_smem_u32(&s.b[0][0]);
-
-    mok_tile_sched sched;
-    mok_sched_init(&sched, p.E, p.num_m_tiles, p.num_n_tiles, BM, INT64_MAX);
-    mok_tile tile;
-    while (mok_sched_next_tile(&sched, &tile)) {
-        int64_t kb0, nkb64;
-        wgrad_kblocks(p, tile.group, kb0, nkb64);
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-        /* NOTE: warp-uniform for ptxas (see consume()) */
-        const int nkb = __shfl_sync(0xFFFFFFFFu, (int)nkb64, 0);
-        for (int kb = 0; kb < nkb; ++kb) {
-            mbarrier_wait_parity(&s.full[pos.stage], pos.phase);
-            mma_kblock(part, a_base + pos.stage * STAGE_A_BYTES, b_base + pos.stage * STAGE_B_BYTES);
-            wgmma_wait_group<0>();
-            /* the tiles are read: release the stage before the promotion (its scales stay, see wsa) */
-            if (lane == 0) mbarrier_arrive(&s.empty[pos.stage]);
-            const float* sa = &s.wsa[pos.phase][pos.stage][0];
-            promote_cols(acc, part, ld_shared_f32(&sa[r_lo]), ld_shared_f32(&sa[r_lo + 8]), &s.wsb[pos.phase][pos.stage][0], lane);
-            pos.advance();
-        }
-        /* ---- epilogue: out[e, m, n] in [64 x 64] chunks through the [E, M, N] map ---- */
-        const int64_t m0 = tile.m0 + 64 * wg;
-#pragma unroll
-        for (int j = 0; j < BN / 64; ++j) {
-            const int32_t c = (int32_t)(tile.n_tile * BN + 64 * j);
-            if (c >= p.N) break;
-            const uint32_t buf = mok_sm90::epi_stage_acc(epi, acc, j);
-            mok_sm90::epi_store<true>(epi, buf, tma_out, c, (int32_t)m0, (int32_t)tile.group);
-        }
-    }
-    mok_sm90::epi_finish(epi);
-}
 
 };  // struct fp8_tile
 
