@@ -73,12 +73,6 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-/* Arrives on hardware barrier `id` without waiting; `threads` counts the arriving and the waiting
- * (bar.sync) threads together (a producer / consumer handoff between warpgroups). */
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 /* Plain bulk copy global -> shared (no tensor map), completing on an mbarrier's tx count. bytes: a
  * multiple of 16; both addresses 16-byte aligned. */
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
