@@ -14,7 +14,7 @@
 # also go to $OUT/fp8_check_variants.txt when OUT is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-VARIANTS=${VARIANTS:-"def: b128:-DMOK_SM90_FP8_BN_FWD=128"}
+VARIANTS=${VARIANTS:-"def: b128:-DMOK_SM90_FP8_BN_FWD=128,-DMOK_SM90_FP8_BN_WGRAD=128"}
 PROBLEMS=${PROBLEMS:-"65536 32 4096 7168;16384 8 28672 4096"}
 ROUNDS=${ROUNDS:-2}
 BIN=${BIN:-/tmp/mok_fp8_variants}
