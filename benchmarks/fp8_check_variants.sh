@@ -9,6 +9,8 @@
 # VARIANTS: space-separated name:flags (flags: nvcc -D options, no spaces inside one; use ',' to
 # separate several, e.g. b128np:-DMOK_SM90_FP8_BN_FWD=128,-DMOK_SM90_FP8_NO_PROMOTE=1).
 # WGRAD=1 times the weight-gradient variant instead (PROBLEMS then read R E M N after 'wgrad').
+# A flag src=DIR builds DIR/benchmarks/sm90_fp8_gemm_check.cu instead (a copy of an older tree, e.g.
+# `mkdir -p _ab/old && git archive HEAD csrc benchmarks | tar -x -C _ab/old`, then "old:src=_ab/old").
 # PROBLEMS: ';'-separated checker arguments (R E N K), default DeepSeek-V3 and Mixtral GEMM1.
 # Output: one line per run and a table of TFLOP/s (median over rounds) at the end; the raw lines
 # also go to $OUT/fp8_check_variants.txt when OUT is set.
@@ -26,8 +28,13 @@ mkdir -p "$BIN" "$(dirname "$LOG")"
 for v in $VARIANTS; do
     name=${v%%:*}
     flags=${v#*:}
-    nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda ${flags//,/ } \
-        -o "$BIN/$name" benchmarks/sm90_fp8_gemm_check.cu > "$BIN/$name.build.log" 2>&1 &
+    src=.
+    defs=()
+    for f in ${flags//,/ }; do
+        case $f in src=*) src=${f#src=} ;; *) defs+=("$f") ;; esac
+    done
+    nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I"$src/csrc/cuda" "${defs[@]}" \
+        -o "$BIN/$name" "$src/benchmarks/sm90_fp8_gemm_check.cu" > "$BIN/$name.build.log" 2>&1 &
 done
 wait
 for v in $VARIANTS; do

@@ -148,11 +148,11 @@ enum { kFwdFullArrivals = 1 + 128 };
 
 /* ---- consumers ---- */
 
-/* Timing bound only (WRONG results): MOK_SM90_FP8_NO_PROMOTE=1 accumulates every K-block straight
- * into acc (no FP32 promotion, still one wait_group 0 per K-block); =2 also keeps one K-block's wgmma
- * in flight (wait_group 1, the BF16 kernel's pipeline). Why: torch's row-wise FP8 kernel, which does
- * neither, runs 19% more TFLOP/s per GHz on the same problems (v25); this says how much of that is
- * the promotion and how much the drain per K-block. */
+/* Timing bound only (WRONG results): MOK_SM90_FP8_NO_PROMOTE=1 skips the FP32 promotion (still one
+ * wait_group 0 per K-block); =2 also keeps one K-block's wgmma in flight (wait_group 1, the BF16
+ * kernel's pipeline). Why: torch's row-wise FP8 kernel, which does neither, runs 19% more TFLOP/s per
+ * GHz on the same problems (v25); this says how much of that is the promotion and how much the
+ * drain per K-block. */
 #ifndef MOK_SM90_FP8_NO_PROMOTE
 #define MOK_SM90_FP8_NO_PROMOTE 0
 #endif
@@ -160,6 +160,18 @@ enum { kFwdFullArrivals = 1 + 128 };
 /* The consumer warpgroup's index (0, 1), warp-uniform for ptxas (a shuffle from lane 0): the A
  * descriptors derived from it then live in uniform registers (no R2UR per wgmma). */
 __device__ __forceinline__ int consumer_wg() { return __shfl_sync(0xFFFFFFFFu, (int)(threadIdx.x / 128), 0) - 1; }
+
+/* A compile-time int as a value (the consumer's generic lambdas take the promotion's split this way). */
+template <int V>
+struct int_c {
+    static constexpr int value = V;
+};
+
+/* MOK_SM90_FP8_EPI_OVERLAP=0: the A/B build of v31, the next tile's first K-block issued after this
+ * tile's epilogue instead of before it. */
+#ifndef MOK_SM90_FP8_EPI_OVERLAP
+#define MOK_SM90_FP8_EPI_OVERLAP 1
+#endif
 
 /* The scales of one K-block in flight, read from its stage before its wgmma (early release). */
 struct kblock_scales {
@@ -291,25 +303,29 @@ struct fp8_tile {
     }
 
     /* FP32 promotion of a finished K-block: acc += part * sa[row] * sb[column block] (rows r_lo and
-     * r_lo + 8). Registers 4g..4g+3 hold columns 8g + 2 (lane % 4) + {0, 1}: the group's columns are in
-     * the first scale block when 8g < split (a multiple of 8), whatever the lane; kTwoBlocks: the tile
-     * spans two scale blocks of B (BN > 128, or SwiGLU's gate and up halves).
+     * r_lo + 8); kFirst (the tile's first K-block): acc = part * s, no zeroing pass. Registers
+     * 4g..4g+3 hold columns 8g + 2 (lane % 4) + {0, 1}: the group's columns are in the first scale
+     * block when 8g < kSplit, whatever the lane (kSplit = BN: one block). kSplit is a template
+     * parameter because a runtime split made ptxas select and multiply a scale per 8-column group:
+     * 96 FFMA + 33 FMUL after the drain of a 192-wide K-block instead of 96 FFMA (v31).
      * NOTE: part's wgmma group must have retired (wait_group); the operand fence keeps the reads after
      * that wait. */
-    template <bool kTwoBlocks>
+    template <int kSplit, bool kFirst>
     static __device__ __forceinline__ void promote(float (&acc)[BN / 2], float (&part)[BN / 2], float sa0, float sa1,
-                                                   float sb0, float sb1, int split) {
+                                                   float sb0, float sb1) {
+        static_assert(kSplit % 8 == 0 && kSplit > 0 && kSplit <= BN && BN - kSplit <= SCALE_BLOCK,
+                      "a tile spans at most two scale blocks of B");
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) wgmma_fence_operand(part[i]);
         const float s0a = sa0 * sb0, s1a = sa1 * sb0, s0b = sa0 * sb1, s1b = sa1 * sb1;
 #pragma unroll
         for (int i = 0; i < BN / 2; i += 4) {
-            const bool first = !kTwoBlocks || 2 * i < split; /* column 8 (i / 4) */
+            const bool first = 2 * i < kSplit; /* column 8 (i / 4) */
             const float s0 = first ? s0a : s0b, s1 = first ? s1a : s1b;
-            acc[i] = fmaf(part[i], s0, acc[i]);
-            acc[i + 1] = fmaf(part[i + 1], s0, acc[i + 1]);
-            acc[i + 2] = fmaf(part[i + 2], s1, acc[i + 2]);
-            acc[i + 3] = fmaf(part[i + 3], s1, acc[i + 3]);
+            acc[i] = kFirst ? part[i] * s0 : fmaf(part[i], s0, acc[i]);
+            acc[i + 1] = kFirst ? part[i + 1] * s0 : fmaf(part[i + 1], s0, acc[i + 1]);
+            acc[i + 2] = kFirst ? part[i + 2] * s1 : fmaf(part[i + 2], s1, acc[i + 2]);
+            acc[i + 3] = kFirst ? part[i + 3] * s1 : fmaf(part[i + 3], s1, acc[i + 3]);
         }
     }
 
@@ -375,84 +391,118 @@ struct fp8_tile {
             sc.sb1 = (BN > SCALE_BLOCK || kSwiGLU) ? ld_shared_f32(&s.sb[at.stage][1]) : 0.f;
             mma_kblock(part, a_base + at.stage * STAGE_A_BYTES, b_base + at.stage * STAGE_B_BYTES);
         };
-        /* hand the stage at pos back (one arrival per consumer warp: its tiles are read) and promote the
-         * finished K-block */
-        int split = SCALE_BLOCK; /* the tile's columns [0, split) are in its first B scale block */
-        auto retire = [&](const ring_pos& at) {
+        /* wait for the K-block in flight (at pos), hand its stage back (one arrival per consumer warp: its
+         * tiles are read) and promote it */
+        auto retire = [&](auto split_c, auto first_c) {
+            const long long t_drain = MOK_TIMING_NOW();
+            wgmma_wait_group<0>();
+            MOK_TIMING_ADD(mok_sm90::TIMING_DRAIN, t_drain);
             const long long t_promote = MOK_TIMING_NOW();
-            if (lane == 0) release_stage<kCluster>(s, at.stage);
-            promote<BN != SCALE_BLOCK || kSwiGLU>(acc, part, sc.sa0, sc.sa1, sc.sb0, sc.sb1, kSwiGLU ? BN / 2 : split);
+            if (lane == 0) release_stage<kCluster>(s, pos.stage);
+            if (!MOK_SM90_FP8_NO_PROMOTE) {
+                promote<decltype(split_c)::value, decltype(first_c)::value>(acc, part, sc.sa0, sc.sa1, sc.sb0, sc.sb1);
+            } else if (decltype(first_c)::value) { /* the timing bound: some defined values to store */
+#pragma unroll
+                for (int i = 0; i < BN / 2; ++i) {
+                    wgmma_fence_operand(part[i]);
+                    acc[i] = part[i];
+                }
+            }
             MOK_TIMING_ADD(mok_sm90::TIMING_PROMOTE, t_promote);
+            pos.advance();
+        };
+        /* the nkb > 0 K-blocks of a tile whose first K-block is in flight; kSplit: its columns [0, kSplit)
+         * are in its first B scale block */
+        auto mainloop = [&](auto split_c, int nkb) {
+            if (MOK_SM90_FP8_NO_PROMOTE == 2) { /* the timing bound: one K-block kept in flight */
+                ring_pos prev = pos;
+                pos.advance();
+                for (int kb = 1; kb < nkb; ++kb) {
+                    mbarrier_wait_parity(&s.full[pos.stage], pos.phase);
+                    /* (no operand fence while a group is in flight: it would read the accumulators) */
+                    mma_kblock<false>(part, a_base + pos.stage * STAGE_A_BYTES, b_base + pos.stage * STAGE_B_BYTES, 1);
+                    wgmma_wait_group<1>();
+                    if (lane == 0) release_stage<kCluster>(s, prev.stage);
+                    prev = pos;
+                    pos.advance();
+                }
+                pos = prev; /* retire the last one */
+                retire(split_c, int_c<1>{});
+                return;
+            }
+            retire(split_c, int_c<1>{});
+            for (int kb = 1; kb < nkb; ++kb) {
+                issue(pos);
+                retire(split_c, int_c<0>{});
+            }
         };
 
         const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
         mok_tile_sched sched;
         fp8_sched_init<kCluster>(&sched, p, rows_used);
         mok_tile unit;
-        while (mok_sched_next_tile(&sched, &unit)) {
-            /* tiles past the rows in use or before offsets[0]: no mainloop unless the peer's tile has one
-             * (a dummy pass), and the epilogue stores zeros */
-            const fp8_job job = fp8_job_of<kCluster>(p, unit, rank, rows_used);
-            const mok_tile& tile = job.tile;
-            split = SCALE_BLOCK - (int)(tile.n_tile * BN % SCALE_BLOCK);
-#pragma unroll
-            for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-            /* NOTE: a value that ptxas sees as warp-uniform (a shuffle from lane 0): branches on it around
-             * the wgmma stay non-divergent, otherwise ptxas serialises every wgmma (C7518) */
-            const int nkb = __shfl_sync(0xFFFFFFFFu, job.active ? (int)p.num_kb : 0, 0);
+        /* a tile's K-blocks (0: no mainloop; tiles past the rows in use or before offsets[0] have none
+         * unless the peer's tile has: a dummy pass, and the epilogue stores zeros)
+         * NOTE: a value that ptxas sees as warp-uniform (a shuffle from lane 0): branches on it around
+         * the wgmma stay non-divergent, otherwise ptxas serialises every wgmma (C7518) */
+        auto kblocks_of = [&](const fp8_job& j) { return __shfl_sync(0xFFFFFFFFu, j.active ? (int)p.num_kb : 0, 0); };
+        bool have = mok_sched_next_tile(&sched, &unit);
+        fp8_job job = {};
+        int nkb = 0;
+        if (have) {
+            job = fp8_job_of<kCluster>(p, unit, rank, rows_used);
+            nkb = kblocks_of(job);
+            if (nkb > 0) issue(pos);
+        }
+        while (have) {
+            const mok_tile tile = job.tile;
+            const bool compute = job.compute;
             const long long t_main = MOK_TIMING_NOW();
-            if (MOK_SM90_FP8_NO_PROMOTE) { /* the timing bound: see its switch */
-                ring_pos prev = pos;
-                for (int kb = 0; kb < nkb; ++kb) {
-                    mbarrier_wait_parity(&s.full[pos.stage], pos.phase);
-                    /* (no operand fence while a group is in flight: it would read the accumulators) */
-                    mma_kblock<MOK_SM90_FP8_NO_PROMOTE == 1>(acc, a_base + pos.stage * STAGE_A_BYTES,
-                                                             b_base + pos.stage * STAGE_B_BYTES, kb > 0);
-                    if (MOK_SM90_FP8_NO_PROMOTE == 1) {
-                        wgmma_wait_group<0>();
-                        if (lane == 0) release_stage<kCluster>(s, pos.stage);
-                    } else {
-                        wgmma_wait_group<1>();
-                        if (kb > 0 && lane == 0) release_stage<kCluster>(s, prev.stage);
-                    }
-                    prev = pos;
-                    pos.advance();
+            if (nkb > 0) {
+                if constexpr (kSwiGLU) {
+                    mainloop(int_c<BN / 2>{}, nkb); /* gate | up halves, each in one scale block */
+                } else if constexpr (BN == SCALE_BLOCK) {
+                    mainloop(int_c<BN>{}, nkb);
+                } else {
+                    /* a 192-wide tile starts at a multiple of 64: its split is 128 or 64 */
+                    static_assert(BN == 192, "the splits of other tile widths");
+                    const int split = __shfl_sync(0xFFFFFFFFu, SCALE_BLOCK - (int)(tile.n_tile * BN % SCALE_BLOCK), 0);
+                    if (split == SCALE_BLOCK) mainloop(int_c<SCALE_BLOCK>{}, nkb);
+                    else mainloop(int_c<SCALE_BLOCK / 2>{}, nkb);
                 }
-                if (MOK_SM90_FP8_NO_PROMOTE != 1) {
-                    wgmma_wait_group<0>();
-                    if (nkb > 0 && lane == 0) release_stage<kCluster>(s, prev.stage);
-                }
-            }
-            for (int kb = 0; kb < (MOK_SM90_FP8_NO_PROMOTE ? 0 : nkb); ++kb) {
-                issue(pos);
-                const long long t_drain = MOK_TIMING_NOW();
-                wgmma_wait_group<0>();
-                MOK_TIMING_ADD(mok_sm90::TIMING_DRAIN, t_drain);
-                retire(pos);
-                pos.advance();
+                MOK_TIMING_COUNT(mok_sm90::TIMING_TILES);
             }
             MOK_TIMING_ADD(mok_sm90::TIMING_MAINLOOP, t_main);
-            if (nkb > 0) MOK_TIMING_COUNT(mok_sm90::TIMING_TILES);
-            if (!job.compute) {
+            if (nkb == 0 || !compute) {
 #pragma unroll
-                for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f; /* a dummy pass's sums are not this tile's */
+                for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f; /* no K-blocks, or a dummy pass's sums */
+            }
+            /* the next tile's first K-block goes to the tensor cores into part before this tile's
+             * epilogue reads acc, so it runs under the epilogue (v31) */
+            have = mok_sched_next_tile(&sched, &unit);
+            if (have) {
+                job = fp8_job_of<kCluster>(p, unit, rank, rows_used);
+                nkb = kblocks_of(job);
+                if (MOK_SM90_FP8_EPI_OVERLAP && nkb > 0) issue(pos);
             }
             /* ---- epilogue: [64 x 64] chunks through the BF16 kernel's stager, TMA stores ---- */
             const int64_t row0 = tile.m0 + 64 * wg;
-            if (row0 >= p.R) continue;
-            const long long t_epi = MOK_TIMING_NOW();
-            if (kSwiGLU) {
-                store_swiglu_tile(epi, p, acc, tile.n_tile, (int32_t)row0, tma_out, tma_act);
-            } else {
+            if (row0 < p.R) {
+                const long long t_epi = MOK_TIMING_NOW();
+                if (kSwiGLU) {
+                    store_swiglu_tile(epi, p, acc, tile.n_tile, (int32_t)row0, tma_out, tma_act);
+                } else {
 #pragma unroll
-                for (int j = 0; j < BN / 64; ++j) {
-                    const int32_t c = (int32_t)(tile.n_tile * BN + 64 * j);
-                    if (c >= p.N) break;
-                    const uint32_t buf = mok_sm90::epi_stage_acc(epi, acc, j);
-                    mok_sm90::epi_store<true>(epi, buf, tma_out, c, (int32_t)row0, 0);
+                    for (int j = 0; j < BN / 64; ++j) {
+                        const int32_t c = (int32_t)(tile.n_tile * BN + 64 * j);
+                        if (c >= p.N) break;
+                        const uint32_t buf = mok_sm90::epi_stage_acc(epi, acc, j);
+                        mok_sm90::epi_store<true>(epi, buf, tma_out, c, (int32_t)row0, 0);
+                    }
                 }
+                MOK_TIMING_ADD(mok_sm90::TIMING_EPILOGUE, t_epi);
             }
-            MOK_TIMING_ADD(mok_sm90::TIMING_EPILOGUE, t_epi);
+            if (!MOK_SM90_FP8_EPI_OVERLAP && have && nkb > 0) issue(pos);
         }
         mok_sm90::epi_finish(epi);
     }
