@@ -17,7 +17,8 @@
  *
  * Tile 128 x 128 x 128 (bytes: 16 KiB of A and 16 KiB of B per stage, one 128-byte swizzle row per
  * tile row), kStages-deep ring. The promotion waits for the K-block's wgmma (wait_group 0); the two
- * consumer warpgroups drift apart, so one promotes while the other's wgmma runs.
+ * consumer warpgroups drift apart, so one promotes while the other's wgmma runs. A tile's first
+ * K-block is issued before the previous tile's epilogue and runs under it (v31).
  *
  * SwiGLU variant (kSwiGLU, GEMM1 of the experts: B's rows are [gate | up], N = 2I): a tile's 128 columns
  * are gate rows [64 t, 64 t + 64) and up rows I + [64 t, 64 t + 64) of B (two 64-row TMA boxes, each in
