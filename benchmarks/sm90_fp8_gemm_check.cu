@@ -12,11 +12,13 @@
  *
  * MOK_SM90_FP8_CLUSTER=2 in the environment runs the forward as 2-CTA pairs sharing B (multicast).
  * MOK_FP8_CHECK_SWIGLU=1 runs the SwiGLU variant (B's rows read as [gate | up], act = SwiGLU(h) written
- * too; h is checked as usual, act is not: tests/test_fp8_gemm.py checks it bitwise). Added in the
- * fifteenth session; compiled, not yet run on a GPU.
+ * too; h is checked as usual, act is not: tests/test_fp8_gemm.py checks it bitwise); with
+ * MOK_SM90_FP8_SWIGLU_BN=192 as well, its experimental 128 x 192 tiles (performance log v32, not yet
+ * run on a GPU).
  *
  * Compile-time variants: -DMOK_SM90_FP8_BN_FWD=128 (the plain forward's tile width; default 192),
- * -DMOK_SM90_FP8_BN_WGRAD=192 (the weight gradient's; default 128), -DMOK_SM90_FP8_STAGES=S (ring depth;
+ * -DMOK_SM90_FP8_BN_WGRAD=128 (the weight gradient's; default 192), -DMOK_SM90_FP8_EPI_OVERLAP=0 (the
+ * next tile's first K-block issued after the epilogue, not under it: v31's A/B), -DMOK_SM90_FP8_STAGES=S (ring depth;
  * 6 needs -DMOK_SM90_EPI_BUFS=1), -DMOK_SM90_FP8_SKIP_SCALE_LOADS=1 (no scale
  * copies: wrong results, a timing bound), -DMOK_SM90_FP8_NO_PROMOTE=1 or 2 (no FP32 promotion; 2 also
  * keeps one K-block in flight: wrong results, timing bounds), -DMOK_SM90_TIMING (cycles per tile of one

@@ -394,6 +394,31 @@ def test_swiglu_form_is_the_gemm_then_swiglu(device, T, top_k, E, I, K, routing,
     assert rel_err(act, want) < 2 * TOL, f"seed {_fresh_seed}"  # h's rounding, then act's
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,top_k,E,I,K,routing", SWIGLU_CASES + [
+    pytest.param(70, 2, 4, 192, 256, "random", id="I192-up-half-offset-64"),
+    pytest.param(45, 2, 3, 320, 128, "zipf", id="I320-partial-32"),
+    pytest.param(60, 2, 5, 448, 256, "empty_expert", id="I448-partial-64"),
+])
+def test_cuda_wide_swiglu_tiles_are_bitwise_equal(monkeypatch, T, top_k, E, I, K, routing, _fresh_seed):
+    # EXPERIMENTAL: MOK_SM90_FP8_SWIGLU_BN=192 (read on every call) runs the fused GEMM1 on 96 gate + 96
+    # up rows per tile: halves that may straddle a 128-wide scale block (I % 128 = 0 or 64), a partial
+    # last tile of 32 or 64 columns where I % 96 != 0, h stored through a [R, 2, I] map and in
+    # overlapping 64-column chunks. Each element sees the same K-blocks promoted in the same order, so
+    # h and act must be bitwise those of the 128-wide tiles.
+    a_q, a_s, b_q, b_s, plan = make_operands(T, top_k, E, 2 * I, K, routing, "cuda")
+    R = a_q.shape[0]
+    monkeypatch.delenv("MOK_SM90_FP8_SWIGLU_BN", raising=False)
+    act_narrow, h_narrow = mok.fp8_gemm.grouped_mm_swiglu_blockwise(a_q, a_s, b_q, b_s, plan.offsets)
+    mok.check_errors(synchronize=True)
+    monkeypatch.setenv("MOK_SM90_FP8_SWIGLU_BN", "192")
+    poison(a_q.device, R * 3 * I)
+    act_wide, h_wide = mok.fp8_gemm.grouped_mm_swiglu_blockwise(a_q, a_s, b_q, b_s, plan.offsets)
+    mok.check_errors(synchronize=True)
+    assert torch.equal(h_wide.view(torch.int16), h_narrow.view(torch.int16)), f"seed {_fresh_seed}: h differs"
+    assert torch.equal(act_wide.view(torch.int16), act_narrow.view(torch.int16)), f"seed {_fresh_seed}: act differs"
+
+
 def test_swiglu_form_needs_whole_scale_blocks_per_half():
     a_q, a_s, b_q, b_s, offsets = good_args(N=128)  # I = 64: a scale block would span gate and up
     with pytest.raises(ValueError, match=r"b.shape\[1\] must be 2 \* I, \[gate \| up\], with I a multiple of 128"):

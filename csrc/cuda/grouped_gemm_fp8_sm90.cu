@@ -46,6 +46,14 @@ bool fp8_narrow_tiles() {
     return env && strcmp(env, "128") == 0;
 }
 
+/* MOK_SM90_FP8_SWIGLU_BN=192: the SwiGLU GEMM1 runs 128 x 192 tiles (96 gate + 96 up rows) instead of
+ * 128 x 128. EXPERIMENTAL: compiled and checked by ptxas, not yet run on a GPU (performance log v32);
+ * read on every call. */
+bool fp8_wide_swiglu() {
+    const char* env = getenv("MOK_SM90_FP8_SWIGLU_BN");
+    return env && strcmp(env, "192") == 0;
+}
+
 /* Persistent launch of one kernel variant (128 x BN tiles) over `units` work units (tiles, or pairs
  * of M-tiles; shared memory opted in once per variant). */
 template <int BN, bool kWgrad, int kCluster, bool kSwiGLU = false>
@@ -90,7 +98,8 @@ extern "C" int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args*
 
     /* the tile width: 128 for the SwiGLU variant (whole gate and up halves of a scale block), else
      * the plain forward's */
-    const int bn = a->act != NULL ? (int)f8::BN_SWIGLU : fp8_narrow_tiles() ? 128 : (int)f8::BN_FWD;
+    const bool wide_swiglu = a->act != NULL && fp8_wide_swiglu();
+    const int bn = a->act != NULL ? (wide_swiglu ? 192 : (int)f8::BN_SWIGLU) : fp8_narrow_tiles() ? 128 : (int)f8::BN_FWD;
     CUtensorMap tma_a, tma_b, tma_b_half, tma_out, tma_act;
     {
         /* A [R, K] bytes: boxes of 128 rows x 128 K (one 128-byte swizzle row each) */
@@ -111,7 +120,15 @@ extern "C" int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args*
         if (!mok_tma::encode(&tma_b_half, CU_TENSOR_MAP_DATA_TYPE_UINT8, a->b, 3, dims, strides, half_box))
             return MOK_ERR_ARG;
     }
-    {
+    if (wide_swiglu) {
+        /* h [R, 2, I] bf16 (gate and up as planes): a 96-column tile's boxes past I are clipped */
+        const int64_t I = a->N / 2;
+        const cuuint64_t dims[3] = {(cuuint64_t)I, 2, (cuuint64_t)a->R};
+        const cuuint64_t strides[2] = {(cuuint64_t)I * 2, (cuuint64_t)a->N * 2};
+        const cuuint32_t box[3] = {64, 1, 64};
+        if (!mok_tma::encode(&tma_out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a->out, 3, dims, strides, box))
+            return MOK_ERR_ARG;
+    } else {
         /* out [1, R, N] bf16: the BF16 kernel's [64 x 64] epilogue boxes */
         const cuuint64_t dims[3] = {(cuuint64_t)a->N, (cuuint64_t)a->R, 1};
         const cuuint64_t strides[2] = {(cuuint64_t)a->N * 2, (cuuint64_t)(a->N * a->R * 2)};
@@ -144,8 +161,10 @@ extern "C" int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args*
 
     /* NOTE: a pair needs two SMs of one GPC; with fewer SMs than that, one CTA per cluster */
     const int num_sms = a->num_sms > 0 ? a->num_sms : mok_num_sms();
-    const int64_t tiles = mok_ceil_div(a->R, f8::BM) * p.num_n_tiles; /* SwiGLU: N / 128 = I / 64 tiles per row */
-    if (a->act != NULL) /* (single CTAs: the pairs' multicast halves are not the gate and up halves) */
+    const int64_t tiles = mok_ceil_div(a->R, f8::BM) * p.num_n_tiles; /* SwiGLU: N / bn = I / (bn / 2) tiles per row, the last one partial where I % 96 != 0 */
+    if (wide_swiglu) /* (single CTAs: the pairs' multicast halves are not the gate and up halves) */
+        return launch<192, false, 1, true>(tma_a, tma_b, tma_b_half, tma_out, tma_act, p, tiles, num_sms, stream);
+    if (a->act != NULL)
         return launch<f8::BN_SWIGLU, false, 1, true>(tma_a, tma_b, tma_b_half, tma_out, tma_act, p, tiles, num_sms,
                                                      stream);
     const bool pairs = fp8_cluster_size() == 2 && num_sms >= 2;

@@ -177,6 +177,7 @@ struct int_c {
 /* The scales of one K-block in flight, read from its stage before its wgmma (early release). */
 struct kblock_scales {
     float sa0 = 0.f, sa1 = 0.f, sb0 = 0.f, sb1 = 0.f;
+    float sb2 = 0.f, sb3 = 0.f; /* a 192-wide SwiGLU tile: its up half's blocks (sb0, sb1: the gate half's) */
 };
 
 /* (A consumer warp hands a stage back with the BF16 kernel's mok_sm90::release_stage: to its
@@ -206,7 +207,8 @@ struct fp8_tile {
         __nv_bfloat16 epi[2][mok_sm90::kEpiBufs][64 * 64];
         float sa[kStages][BM]; /* A scales of the stage's K-block, one per tile row */
         float sb[kStages][4];  /* the B scales of the stage's K-block: the tile's first and (BN > 128) second
-                                  128-column block (padded to 16 bytes) */
+                                  128-column block (padded to 16 bytes); SwiGLU: the gate half's, then the
+                                  up half's (192 wide: two blocks each) */
         /* wgrad: the K-block's A scales (one per tile row) and B scales (one per tile column: B is 1 x 128
          * along K, like A), two copies per stage selected by the ring phase, so that a stage goes back
          * to the producer as soon as its wgmma has drained while its promotion still reads the scales
@@ -224,6 +226,7 @@ struct fp8_tile {
     static __device__ __forceinline__ void produce(smem_layout& s, const params& p, const CUtensorMap* tma_a,
                                                    const CUtensorMap* tma_b, const CUtensorMap* tma_b_half,
                                                    int64_t rows_used) {
+        constexpr bool kWideSwiGLU = kSwiGLU && BN > SCALE_BLOCK;
         const int tid = threadIdx.x; /* 0..127 */
         const uint32_t rank = kCluster > 1 ? cluster_ctarank() : 0;
         uint32_t stage = 0, phase = 0;
@@ -243,9 +246,16 @@ struct fp8_tile {
              * gate half's block and the up half's */
             const int32_t n0 = (int32_t)(tile.n_tile * (kSwiGLU ? BN / 2 : BN)); /* SwiGLU: the gate half's row */
             const int64_t n_blocks = p.N / SCALE_BLOCK, blk0 = n0 / SCALE_BLOCK;
-            const int64_t blk1 = kSwiGLU ? (p.I + n0) / SCALE_BLOCK : (blk0 + 1 < n_blocks ? blk0 + 1 : blk0);
+            /* a 192-wide SwiGLU tile: the blocks of its gate half's first and last rows (the last one
+             * clamped, as a partial tile's rows past I are never stored), then its up half's */
+            auto last_blk = [&](int64_t row) { return row / SCALE_BLOCK < n_blocks ? row / SCALE_BLOCK : n_blocks - 1; };
+            const int64_t blk1 = kWideSwiGLU ? last_blk(n0 + BN / 2 - 1)
+                                 : kSwiGLU   ? (p.I + n0) / SCALE_BLOCK
+                                             : (blk0 + 1 < n_blocks ? blk0 + 1 : blk0);
             const float* sb_tile0 = p.sb + ((int64_t)e * n_blocks + blk0) * p.num_kb;
             const float* sb_tile1 = p.sb + ((int64_t)e * n_blocks + blk1) * p.num_kb;
+            const float* sb_tile2 = p.sb + ((int64_t)e * n_blocks + (p.I + n0) / SCALE_BLOCK) * p.num_kb;
+            const float* sb_tile3 = p.sb + ((int64_t)e * n_blocks + last_blk(p.I + n0 + BN / 2 - 1)) * p.num_kb;
             for (int64_t kb = 0; kb < p.num_kb; ++kb) {
                 /* (a pair: both CTAs' consumers have released the stage, so the peer's half of B may land) */
                 mbarrier_wait_parity(&s.empty[stage], phase ^ 1);
@@ -266,6 +276,8 @@ struct fp8_tile {
                     cp_async_4(&s.sb[stage][0], sb_tile0 + kb, 4u);
                 }
                 if ((BN > SCALE_BLOCK || kSwiGLU) && tid == 1) cp_async_4(&s.sb[stage][1], sb_tile1 + kb, 4u);
+                if (kWideSwiGLU && tid == 2) cp_async_4(&s.sb[stage][2], sb_tile2 + kb, 4u);
+                if (kWideSwiGLU && tid == 3) cp_async_4(&s.sb[stage][3], sb_tile3 + kb, 4u);
                 /* rows past R: a zero scale (their A rows are zero-filled by TMA anyway) */
                 if (!MOK_SM90_FP8_SKIP_SCALE_LOADS)
                     cp_async_4(&s.sa[stage][tid], row_ok ? sa_row + kb : p.sa, row_ok ? 4u : 0u);
@@ -303,30 +315,42 @@ struct fp8_tile {
         wgmma_commit_group();
     }
 
+    /* Which of a K-block's B scales (kblock_scales sb0..sb3) multiplies 8-column group g of the tile.
+     * Plain tiles: columns [0, kSplitA) are in the first scale block (kSplitA = BN: one block).
+     * SwiGLU (gate half, then up half, BN / 2 columns each): a 128-wide tile's halves are one block
+     * each (kSplitA = BN / 2); a 192-wide tile's halves may straddle a block: the gate half's columns
+     * [0, kSplitA) and the up half's [0, kSplitB) are in their halves' first blocks. */
+    template <bool kSwiGLU, int kSplitA, int kSplitB>
+    static constexpr __host__ __device__ int scale_slot(int g) {
+        return !(kSwiGLU && BN > SCALE_BLOCK) ? (8 * g < kSplitA ? 0 : 1)
+               : g < BN / 16                  ? (8 * g < kSplitA ? 0 : 1)
+                                              : (8 * (g - BN / 16) < kSplitB ? 2 : 3);
+    }
+
     /* FP32 promotion of a finished K-block: acc += part * sa[row] * sb[column block] (rows r_lo and
      * r_lo + 8); kFirst (the tile's first K-block): acc = part * s, no zeroing pass. Registers
-     * 4g..4g+3 hold columns 8g + 2 (lane % 4) + {0, 1}: the group's columns are in the first scale
-     * block when 8g < kSplit, whatever the lane (kSplit = BN: one block). kSplit is a template
-     * parameter because a runtime split made ptxas select and multiply a scale per 8-column group:
-     * 96 FFMA + 33 FMUL after the drain of a 192-wide K-block instead of 96 FFMA (v31).
+     * 4g..4g+3 hold columns 8g + 2 (lane % 4) + {0, 1}: a group's columns share a scale block,
+     * whatever the lane (scale_slot). The splits are template parameters because a runtime split made
+     * ptxas select and multiply a scale per 8-column group: 96 FFMA + 33 FMUL after the drain of a
+     * 192-wide K-block instead of 96 FFMA (v31).
      * NOTE: part's wgmma group must have retired (wait_group); the operand fence keeps the reads after
      * that wait. */
-    template <int kSplit, bool kFirst>
+    template <bool kSwiGLU, int kSplitA, int kSplitB, bool kFirst>
     static __device__ __forceinline__ void promote(float (&acc)[BN / 2], float (&part)[BN / 2], float sa0, float sa1,
-                                                   float sb0, float sb1) {
-        static_assert(kSplit % 8 == 0 && kSplit > 0 && kSplit <= BN && BN - kSplit <= SCALE_BLOCK,
-                      "a tile spans at most two scale blocks of B");
+                                                   const kblock_scales& sc) {
+        static_assert(kSplitA % 8 == 0 && kSplitA > 0 && kSplitA <= BN && kSplitB % 8 == 0,
+                      "splits at whole 8-column groups");
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) wgmma_fence_operand(part[i]);
-        const float s0a = sa0 * sb0, s1a = sa1 * sb0, s0b = sa0 * sb1, s1b = sa1 * sb1;
+        const float s0[4] = {sa0 * sc.sb0, sa0 * sc.sb1, sa0 * sc.sb2, sa0 * sc.sb3};
+        const float s1[4] = {sa1 * sc.sb0, sa1 * sc.sb1, sa1 * sc.sb2, sa1 * sc.sb3};
 #pragma unroll
         for (int i = 0; i < BN / 2; i += 4) {
-            const bool first = 2 * i < kSplit; /* column 8 (i / 4) */
-            const float s0 = first ? s0a : s0b, s1 = first ? s1a : s1b;
-            acc[i] = kFirst ? part[i] * s0 : fmaf(part[i], s0, acc[i]);
-            acc[i + 1] = kFirst ? part[i + 1] * s0 : fmaf(part[i + 1], s0, acc[i + 1]);
-            acc[i + 2] = kFirst ? part[i + 2] * s1 : fmaf(part[i + 2], s1, acc[i + 2]);
-            acc[i + 3] = kFirst ? part[i + 3] * s1 : fmaf(part[i + 3], s1, acc[i + 3]);
+            const int q = scale_slot<kSwiGLU, kSplitA, kSplitB>(i / 4);
+            acc[i] = kFirst ? part[i] * s0[q] : fmaf(part[i], s0[q], acc[i]);
+            acc[i + 1] = kFirst ? part[i + 1] * s0[q] : fmaf(part[i + 1], s0[q], acc[i + 1]);
+            acc[i + 2] = kFirst ? part[i + 2] * s1[q] : fmaf(part[i + 2], s1[q], acc[i + 2]);
+            acc[i + 3] = kFirst ? part[i + 3] * s1[q] : fmaf(part[i + 3], s1[q], acc[i + 3]);
         }
     }
 
@@ -351,27 +375,66 @@ struct fp8_tile {
      * the tensor cores while kb is promoted: 914 against 974 TFLOP/s in v16, 994 against 1051 with
      * early release in v24. The two consumer warpgroups already overlap each other's promotion.) */
 
-    /* The SwiGLU variant's epilogue of one warpgroup's 64 rows: chunks 0 (gate) and 1 (up) of h at
-     * their columns of [R, 2I], then act's 64 columns from the rounded gate and up values. */
+    /* The SwiGLU variant's epilogue of one warpgroup's 64 rows.
+     * 128 wide: chunks 0 (gate) and 1 (up) of h at their columns of [R, 2I], then act's 64 columns from
+     * the rounded gate and up values.
+     * 192 wide (96 act columns at c = 96 n_tile): h is stored through a [R, 2, I] map (tma_h: gate and
+     * up as planes 0 and 1), so that a box past column I is clipped instead of reaching the up half;
+     * each 96-column piece (gate, up, act) goes out as two overlapping 64-column chunks, accumulator
+     * groups 0-7 at c and 4-11 at c + 32 (the 32 shared columns are written twice with the same
+     * values), the second one only where it has columns below I. */
     static __device__ __forceinline__ void store_swiglu_tile(epi_stager& e, const params& p, const float* acc,
                                                              int64_t n_tile, int32_t row0, const CUtensorMap* tma_h,
                                                              const CUtensorMap* tma_act) {
         const int32_t c = (int32_t)(n_tile * (BN / 2));
-        uint32_t buf = mok_sm90::epi_stage_acc(e, acc, 0);
-        mok_sm90::epi_store<true>(e, buf, tma_h, c, row0, 0);
-        buf = mok_sm90::epi_stage_acc(e, acc, 1);
-        mok_sm90::epi_store<true>(e, buf, tma_h, (int32_t)p.I + c, row0, 0);
-        buf = mok_sm90::epi_acquire(e);
-        mok_sm90::epi_put_chunk(e, buf, [&](int ci, int h) {
-            const int ig = ci * 4 + 2 * h;
-            return mok_sm90::swiglu_of_rounded(acc, ig, ig + (BN / 2 / 8) * 4);
-        });
-        mok_sm90::epi_store<true>(e, buf, tma_act, c, row0, 0);
+        if constexpr (BN == SCALE_BLOCK) {
+            uint32_t buf = mok_sm90::epi_stage_acc(e, acc, 0);
+            mok_sm90::epi_store<true>(e, buf, tma_h, c, row0, 0);
+            buf = mok_sm90::epi_stage_acc(e, acc, 1);
+            mok_sm90::epi_store<true>(e, buf, tma_h, (int32_t)p.I + c, row0, 0);
+            buf = mok_sm90::epi_acquire(e);
+            mok_sm90::epi_put_chunk(e, buf, [&](int ci, int h) {
+                const int ig = ci * 4 + 2 * h;
+                return mok_sm90::swiglu_of_rounded(acc, ig, ig + (BN / 2 / 8) * 4);
+            });
+            mok_sm90::epi_store<true>(e, buf, tma_act, c, row0, 0);
+        } else {
+            static_assert(BN == 192, "96-column halves");
+            constexpr int kUp = BN / 16; /* the up half's first accumulator group */
+            /* h's chunk of accumulator groups [g0, g0 + 8) at column col of plane half */
+            auto h_chunk = [&](auto g0_c, int32_t col, int32_t half) {
+                constexpr int g0 = decltype(g0_c)::value;
+                const uint32_t buf = mok_sm90::epi_acquire(e);
+                mok_sm90::epi_put_chunk(e, buf, [&](int ci, int h) {
+                    const int i = (g0 + ci) * 4 + 2 * h;
+                    return pack_bf16x2(acc[i], acc[i + 1]);
+                });
+                mok_sm90::epi_store<true>(e, buf, tma_h, col, half, row0);
+            };
+            /* act's chunk of gate groups [g0, g0 + 8) and the matching up groups */
+            auto act_chunk = [&](auto g0_c, int32_t col) {
+                constexpr int g0 = decltype(g0_c)::value;
+                const uint32_t buf = mok_sm90::epi_acquire(e);
+                mok_sm90::epi_put_chunk(e, buf, [&](int ci, int h) {
+                    const int ig = (g0 + ci) * 4 + 2 * h;
+                    return mok_sm90::swiglu_of_rounded(acc, ig, ig + kUp * 4);
+                });
+                mok_sm90::epi_store<true>(e, buf, tma_act, col, row0, 0);
+            };
+            const bool second = c + 64 < p.I; /* the chunk at c + 32 has columns the first one lacks */
+            h_chunk(int_c<0>{}, c, 0);
+            if (second) h_chunk(int_c<4>{}, c + 32, 0);
+            h_chunk(int_c<kUp>{}, c, 1);
+            if (second) h_chunk(int_c<kUp + 4>{}, c + 32, 1);
+            act_chunk(int_c<0>{}, c);
+            if (second) act_chunk(int_c<4>{}, c + 32);
+        }
     }
 
     template <int kCluster, bool kSwiGLU>
     static __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used,
                                                    const CUtensorMap* tma_out, const CUtensorMap* tma_act) {
+        constexpr bool kWideSwiGLU = kSwiGLU && BN > SCALE_BLOCK;
         const int wg = consumer_wg();
         const int t = threadIdx.x & 127;
         const int warp = t >> 5, lane = t & 31;
@@ -390,18 +453,23 @@ struct fp8_tile {
             sc.sa1 = ld_shared_f32(&s.sa[at.stage][r_lo + 8]);
             sc.sb0 = ld_shared_f32(&s.sb[at.stage][0]);
             sc.sb1 = (BN > SCALE_BLOCK || kSwiGLU) ? ld_shared_f32(&s.sb[at.stage][1]) : 0.f;
+            if (kWideSwiGLU) {
+                sc.sb2 = ld_shared_f32(&s.sb[at.stage][2]);
+                sc.sb3 = ld_shared_f32(&s.sb[at.stage][3]);
+            }
             mma_kblock(part, a_base + at.stage * STAGE_A_BYTES, b_base + at.stage * STAGE_B_BYTES);
         };
         /* wait for the K-block in flight (at pos), hand its stage back (one arrival per consumer warp: its
          * tiles are read) and promote it */
-        auto retire = [&](auto split_c, auto first_c) {
+        auto retire = [&](auto split_a, auto split_b, auto first_c) {
             const long long t_drain = MOK_TIMING_NOW();
             wgmma_wait_group<0>();
             MOK_TIMING_ADD(mok_sm90::TIMING_DRAIN, t_drain);
             const long long t_promote = MOK_TIMING_NOW();
             if (lane == 0) release_stage<kCluster>(s, pos.stage);
             if (!MOK_SM90_FP8_NO_PROMOTE) {
-                promote<decltype(split_c)::value, decltype(first_c)::value>(acc, part, sc.sa0, sc.sa1, sc.sb0, sc.sb1);
+                promote<kSwiGLU, decltype(split_a)::value, decltype(split_b)::value, decltype(first_c)::value>(
+                    acc, part, sc.sa0, sc.sa1, sc);
             } else if (decltype(first_c)::value) { /* the timing bound: some defined values to store */
 #pragma unroll
                 for (int i = 0; i < BN / 2; ++i) {
@@ -412,9 +480,9 @@ struct fp8_tile {
             MOK_TIMING_ADD(mok_sm90::TIMING_PROMOTE, t_promote);
             pos.advance();
         };
-        /* the nkb > 0 K-blocks of a tile whose first K-block is in flight; kSplit: its columns [0, kSplit)
-         * are in its first B scale block */
-        auto mainloop = [&](auto split_c, int nkb) {
+        /* the nkb > 0 K-blocks of a tile whose first K-block is in flight; split_a, split_b: its scale
+         * blocks' splits (scale_slot) */
+        auto mainloop = [&](auto split_a, auto split_b, int nkb) {
             if (MOK_SM90_FP8_NO_PROMOTE == 2) { /* the timing bound: one K-block kept in flight */
                 ring_pos prev = pos;
                 pos.advance();
@@ -428,13 +496,13 @@ struct fp8_tile {
                     pos.advance();
                 }
                 pos = prev; /* retire the last one */
-                retire(split_c, int_c<1>{});
+                retire(split_a, split_b, int_c<1>{});
                 return;
             }
-            retire(split_c, int_c<1>{});
+            retire(split_a, split_b, int_c<1>{});
             for (int kb = 1; kb < nkb; ++kb) {
                 issue(pos);
-                retire(split_c, int_c<0>{});
+                retire(split_a, split_b, int_c<0>{});
             }
         };
 
@@ -460,16 +528,35 @@ struct fp8_tile {
             const bool compute = job.compute;
             const long long t_main = MOK_TIMING_NOW();
             if (nkb > 0) {
-                if constexpr (kSwiGLU) {
-                    mainloop(int_c<BN / 2>{}, nkb); /* gate | up halves, each in one scale block */
+                if constexpr (kSwiGLU && BN == SCALE_BLOCK) {
+                    mainloop(int_c<BN / 2>{}, int_c<0>{}, nkb); /* gate | up halves, each in one scale block */
+                } else if constexpr (kSwiGLU) {
+                    /* 96-column gate and up halves at rows n0 and I + n0 of B (multiples of 32): each half's
+                     * first block holds 32, 64 or all 96 of its columns */
+                    static_assert(BN == 192, "the splits of other tile widths");
+                    const int64_t n0 = tile.n_tile * (BN / 2);
+                    auto half_split = [](int64_t row) {
+                        const int left = SCALE_BLOCK - (int)(row % SCALE_BLOCK);
+                        return left < BN / 2 ? left : BN / 2;
+                    };
+                    const int sg = __shfl_sync(0xFFFFFFFFu, half_split(n0), 0);
+                    const int su = __shfl_sync(0xFFFFFFFFu, half_split(p.I + n0), 0);
+                    auto with_up = [&](auto split_g) {
+                        if (su == 32) mainloop(split_g, int_c<32>{}, nkb);
+                        else if (su == 64) mainloop(split_g, int_c<64>{}, nkb);
+                        else mainloop(split_g, int_c<96>{}, nkb);
+                    };
+                    if (sg == 32) with_up(int_c<32>{});
+                    else if (sg == 64) with_up(int_c<64>{});
+                    else with_up(int_c<96>{});
                 } else if constexpr (BN == SCALE_BLOCK) {
-                    mainloop(int_c<BN>{}, nkb);
+                    mainloop(int_c<BN>{}, int_c<0>{}, nkb);
                 } else {
                     /* a 192-wide tile starts at a multiple of 64: its split is 128 or 64 */
                     static_assert(BN == 192, "the splits of other tile widths");
                     const int split = __shfl_sync(0xFFFFFFFFu, SCALE_BLOCK - (int)(tile.n_tile * BN % SCALE_BLOCK), 0);
-                    if (split == SCALE_BLOCK) mainloop(int_c<SCALE_BLOCK>{}, nkb);
-                    else mainloop(int_c<SCALE_BLOCK / 2>{}, nkb);
+                    if (split == SCALE_BLOCK) mainloop(int_c<SCALE_BLOCK>{}, int_c<0>{}, nkb);
+                    else mainloop(int_c<SCALE_BLOCK / 2>{}, int_c<0>{}, nkb);
                 }
                 MOK_TIMING_COUNT(mok_sm90::TIMING_TILES);
             }
@@ -636,8 +723,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                                const __grid_constant__ CUtensorMap tma_out,
                                const __grid_constant__ CUtensorMap tma_act, const params p) {
     static_assert(kCluster == 1 || (kCluster == 2 && !kWgrad), "pairs: the forward only");
-    static_assert(!kSwiGLU || (kCluster == 1 && !kWgrad && BN == SCALE_BLOCK),
-                  "SwiGLU: the single-CTA forward with 128-wide tiles (64 gate + 64 up rows)");
+    static_assert(!kSwiGLU || (kCluster == 1 && !kWgrad && (BN == 128 || BN == 192)),
+                  "SwiGLU: the single-CTA forward, 64 + 64 or 96 + 96 gate and up rows");
     using tile = fp8_tile<BN>;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     auto& s = *reinterpret_cast<typename tile::smem_layout*>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
