@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One device call that validates and measures the FP8 kernels (about 6-7 minutes on an H100):
+# build, the GPU suite, the fused SwiGLU GEMM1's tile widths in the standalone checker (128 x 128
+# against the experimental 128 x 192, MOK_SM90_FP8_SWIGLU_BN=192), issue 5's GEMM criteria
+# (bench_gemm_fp8.py: mok FP8 TFLOP/s and its ratio to mok BF16) and the layer per recipe, with
+# the fused GEMM1 at both widths. Files in $OUT (7): env.txt, build.log, gpu_tests.txt,
+# swiglu_widths.txt, bench_gemm_fp8.md, bench_moe_layer.md, bench_moe_layer_wide_swiglu.md.
+#   bash benchmarks/run_fp8_session.sh                 # on the GPU machine, from the repo root
+#   SKIP_TESTS=1 ROUNDS=3 bash benchmarks/run_fp8_session.sh
+cd "$(dirname "$0")/.."
+source benchmarks/gpu_session.sh
+T0=$SECONDS
+if [ -z "${SKIP_TESTS:-}" ]; then
+    timeout 240 python3 -m pytest tests -q -m gpu -p no:cacheprovider > "$OUT/gpu_tests.txt" 2>&1
+    echo "GPU suite ($((SECONDS - T0)) s): $(tail -1 "$OUT/gpu_tests.txt")"
+fi
+
+# the fused SwiGLU GEMM1 (checker, R E N K with N = 2I), both widths interleaved
+nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -o /tmp/mok_fp8_check \
+    benchmarks/sm90_fp8_gemm_check.cu > /tmp/mok_fp8_check.build.log 2>&1 || tail -20 /tmp/mok_fp8_check.build.log
+{
+    for round in 1 2; do
+        for prob in "65536 32 4096 7168" "16384 8 28672 4096" "131072 128 1536 2048"; do
+            for bn in 128 192; do
+                # shellcheck disable=SC2086
+                line=$(MOK_FP8_CHECK_SWIGLU=1 MOK_SM90_FP8_SWIGLU_BN=$bn timeout 60 /tmp/mok_fp8_check $prob 2>&1 |
+                       grep -E '^R=|FAIL|error' | tr '\n' ' ')
+                echo "swiglu bn $bn round $round: $line"
+            done
+        done
+    done
+} > "$OUT/swiglu_widths.txt" 2>&1
+echo "SwiGLU widths ($((SECONDS - T0)) s):"; cut -c1-150 "$OUT/swiglu_widths.txt"
+
+timeout 200 python3 benchmarks/bench_gemm_fp8.py --shapes mixtral_8x7b,dsv3_ep8_slice --gemms gemm1,gemm2 \
+    --passes fwd,wgrad --iters 10 --warmup 3 --out /tmp/mok_bench_gemm_fp8.json > /tmp/mok_bench_gemm_fp8.txt 2>&1
+cp /tmp/mok_bench_gemm_fp8.md "$OUT/bench_gemm_fp8.md" 2>/dev/null || tail -20 /tmp/mok_bench_gemm_fp8.txt
+echo "bench_gemm_fp8 ($((SECONDS - T0)) s)"
+
+for wide in "" 192; do
+    name=bench_moe_layer${wide:+_wide_swiglu}
+    MOK_SM90_FP8_SWIGLU_BN=$wide timeout 150 python3 benchmarks/bench_moe_layer.py \
+        --shapes qwen3_30b_a3b,mixtral_8x7b,dsv3_ep8_slice --routing balanced \
+        --impls eager,mok,mok_fp8_dgrad,mok_fp8_all --naive off --rounds "${ROUNDS:-2}" \
+        --out "/tmp/mok_$name.json" > "/tmp/mok_$name.txt" 2>&1
+    cp "/tmp/mok_$name.md" "$OUT/$name.md" 2>/dev/null || tail -20 "/tmp/mok_$name.txt"
+    echo "$name ($((SECONDS - T0)) s)"
+done
+cut -c1-200 "$OUT/bench_gemm_fp8.md" "$OUT/bench_moe_layer.md" "$OUT/bench_moe_layer_wide_swiglu.md" 2>/dev/null
