@@ -38,21 +38,21 @@ int fp8_cluster_size() {
     return env && env[0] == '2' ? 2 : 1;
 }
 
+/* The environment variable `name` is set to exactly `value` (the launcher's run-time switches). */
+bool env_equals(const char* name, const char* value) {
+    const char* env = getenv(name);
+    return env && strcmp(env, value) == 0;
+}
+
 /* MOK_SM90_FP8_BN=128: the plain forward and the weight gradient run 128 x 128 tiles instead of their
  * default widths (BN_FWD, BN_WGRAD: 192); read on every call, so that one process can compare both
  * (performance log v30). */
-bool fp8_narrow_tiles() {
-    const char* env = getenv("MOK_SM90_FP8_BN");
-    return env && strcmp(env, "128") == 0;
-}
+bool fp8_narrow_tiles() { return env_equals("MOK_SM90_FP8_BN", "128"); }
 
 /* MOK_SM90_FP8_SWIGLU_BN=192: the SwiGLU GEMM1 runs 128 x 192 tiles (96 gate + 96 up rows) instead of
  * 128 x 128. EXPERIMENTAL: compiled and checked by ptxas, not yet run on a GPU (performance log v32);
  * read on every call. */
-bool fp8_wide_swiglu() {
-    const char* env = getenv("MOK_SM90_FP8_SWIGLU_BN");
-    return env && strcmp(env, "192") == 0;
-}
+bool fp8_wide_swiglu() { return env_equals("MOK_SM90_FP8_SWIGLU_BN", "192"); }
 
 /* Persistent launch of one kernel variant (128 x BN tiles) over `units` work units (tiles, or pairs
  * of M-tiles; shared memory opted in once per variant). */

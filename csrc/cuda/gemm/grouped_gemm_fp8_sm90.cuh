@@ -354,6 +354,25 @@ struct fp8_tile {
         }
     }
 
+    /* A consumer thread's place: its warpgroup (0, 1), thread and lane in it, its accumulator rows
+     * (r_lo, r_lo + 8), the shared addresses of its A rows and of B in stage 0, and its epilogue
+     * buffers (the forward's and the weight gradient's consumers both start from it). */
+    struct consumer_thread {
+        int wg, t, lane, r_lo;
+        uint32_t a_base, b_base;
+        __device__ __forceinline__ explicit consumer_thread(smem_layout& s) {
+            wg = consumer_wg();
+            t = threadIdx.x & 127;
+            lane = t & 31;
+            r_lo = wg * 64 + (t >> 5) * 16 + (lane >> 2);
+            a_base = mok_smem_u32(&s.a[0][wg * 64 * BK]);
+            b_base = mok_smem_u32(&s.b[0][0]);
+        }
+        __device__ __forceinline__ epi_stager stager(smem_layout& s) const {
+            return mok_sm90::make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t);
+        }
+    };
+
     /* The consumer's ring position. */
     struct ring_pos {
         uint32_t stage = 0, phase = 0;
@@ -435,14 +454,12 @@ struct fp8_tile {
     static __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used,
                                                    const CUtensorMap* tma_out, const CUtensorMap* tma_act) {
         constexpr bool kWideSwiGLU = kSwiGLU && BN > SCALE_BLOCK;
-        const int wg = consumer_wg();
-        const int t = threadIdx.x & 127;
-        const int warp = t >> 5, lane = t & 31;
-        const int r_lo = wg * 64 + warp * 16 + (lane >> 2); /* this thread's rows: r_lo, r_lo + 8 */
+        const consumer_thread me(s);
+        const int wg = me.wg, lane = me.lane, r_lo = me.r_lo; /* this thread's rows: r_lo, r_lo + 8 */
+        const uint32_t a_base = me.a_base, b_base = me.b_base;
         ring_pos pos;
         float part[BN / 2], acc[BN / 2];
-        epi_stager epi = mok_sm90::make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t);
-        const uint32_t a_base = mok_smem_u32(&s.a[0][wg * 64 * BK]), b_base = mok_smem_u32(&s.b[0][0]);
+        epi_stager epi = me.stager(s);
         kblock_scales sc; /* the scales of the K-block in flight */
         /* issue K-block wgmma for the stage at pos (after its bytes have landed) */
         auto issue = [&](const ring_pos& at) {
@@ -660,14 +677,12 @@ struct fp8_tile {
     }
 
     static __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_out) {
-        const int wg = consumer_wg();
-        const int t = threadIdx.x & 127;
-        const int warp = t >> 5, lane = t & 31;
-        const int r_lo = wg * 64 + warp * 16 + (lane >> 2); /* this thread's rows: r_lo, r_lo + 8 */
+        const consumer_thread me(s);
+        const int wg = me.wg, lane = me.lane, r_lo = me.r_lo; /* this thread's rows: r_lo, r_lo + 8 */
+        const uint32_t a_base = me.a_base, b_base = me.b_base;
         ring_pos pos;
         float part[BN / 2], acc[BN / 2];
-        epi_stager epi = mok_sm90::make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t);
-        const uint32_t a_base = mok_smem_u32(&s.a[0][wg * 64 * BK]), b_base = mok_smem_u32(&s.b[0][0]);
+        epi_stager epi = me.stager(s);
 
         mok_tile_sched sched;
         mok_sched_init(&sched, p.E, p.num_m_tiles, p.num_n_tiles, BM, INT64_MAX);
