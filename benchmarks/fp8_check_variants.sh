@@ -12,16 +12,25 @@
 # A flag src=DIR builds DIR/benchmarks/sm90_fp8_gemm_check.cu instead (a copy of an older tree, e.g.
 # `mkdir -p _ab/old && git archive HEAD csrc benchmarks | tar -x -C _ab/old`, then "old:src=_ab/old").
 # PROBLEMS: ';'-separated checker arguments (R E N K), default DeepSeek-V3 and Mixtral GEMM1.
+# TOOL=bf16 builds and times the BF16 kernel's standalone timer (benchmarks/sm90_gemm_timing.cu) the
+# same way; its PROBLEMS read R E N K [swiglu|nn|wgrad] and its outputs are not checked (the GPU
+# suite checks that kernel), so its cells say "unchecked".
 # Output: one line per run and a table of TFLOP/s (median over rounds) at the end; the raw lines
-# also go to $OUT/fp8_check_variants.txt when OUT is set.
+# also go to $OUT/fp8_check_variants.txt (TOOL=bf16: $OUT/bf16_timing_variants.txt) when OUT is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 VARIANTS=${VARIANTS:-"def: b128:-DMOK_SM90_FP8_BN_FWD=128,-DMOK_SM90_FP8_BN_WGRAD=128"}
 PROBLEMS=${PROBLEMS:-"65536 32 4096 7168;16384 8 28672 4096"}
 ROUNDS=${ROUNDS:-2}
-BIN=${BIN:-/tmp/mok_fp8_variants}
-LOG=${OUT:+$OUT/fp8_check_variants.txt}
-LOG=${LOG:-/tmp/fp8_check_variants.txt}
+TOOL=${TOOL:-fp8}
+case $TOOL in
+    fp8) TOOL_SRC=benchmarks/sm90_fp8_gemm_check.cu LOG_NAME=fp8_check_variants.txt ;;
+    bf16) TOOL_SRC=benchmarks/sm90_gemm_timing.cu LOG_NAME=bf16_timing_variants.txt ;;
+    *) echo "TOOL must be fp8 or bf16, got '$TOOL'"; exit 2 ;;
+esac
+BIN=${BIN:-/tmp/mok_${TOOL}_variants}
+LOG=${OUT:+$OUT/$LOG_NAME}
+LOG=${LOG:-/tmp/$LOG_NAME}
 mkdir -p "$BIN" "$(dirname "$LOG")"
 : > "$LOG"
 
@@ -34,7 +43,7 @@ for v in $VARIANTS; do
         case $f in src=*) src=${f#src=} ;; *) defs+=("$f") ;; esac
     done
     nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I"$src/csrc/cuda" "${defs[@]}" \
-        -o "$BIN/$name" "$src/benchmarks/sm90_fp8_gemm_check.cu" > "$BIN/$name.build.log" 2>&1 &
+        -o "$BIN/$name" "$src/$TOOL_SRC" -lcuda > "$BIN/$name.build.log" 2>&1 &
 done
 wait
 for v in $VARIANTS; do
@@ -48,7 +57,7 @@ for round in $(seq 1 "$ROUNDS"); do
         name=${v%%:*}
         for prob in "${probs[@]}"; do
             # shellcheck disable=SC2086
-            line=$("$BIN/$name" ${WGRAD:+wgrad} $prob 2>&1 | grep -E '^(wgrad )?R=|FAIL|error' | tr '\n' ' ')
+            line=$("$BIN/$name" ${WGRAD:+wgrad} $prob 2>&1 | grep -E '^(wgrad )?R=|FAIL|error|does not take' | tr '\n' ' ')
             echo "$name round $round: $line" | tee -a "$LOG"
         done
     done
@@ -59,9 +68,12 @@ python3 - "$LOG" <<'EOF'
 import re, statistics, sys
 runs = {}
 for line in open(sys.argv[1]):
-    m = re.search(r"^(\S+) round \d+: .*?\bR=(\d+) E=(\d+) [MN]=(\d+) [NK]=(\d+): [\d.]+ ms, (\d+) TFLOP/s.*?\((ok|FAIL)\)", line)
+    # checker lines end in (ok) or (FAIL); the BF16 timer's name a mode and are unchecked
+    m = re.search(r"^(\S+) round \d+: .*?\bR=(\d+) E=(\d+) [MN]=(\d+) [NK]=(\d+)( \w+)?: [\d.]+ ms, (\d+) TFLOP/s"
+                  r"(?:.*?\((ok|FAIL)\))?", line)
     if m:
-        runs.setdefault((m.group(1), "x".join(m.group(2, 3, 4, 5))), []).append((int(m.group(6)), m.group(7)))
+        prob = "x".join(m.group(2, 3, 4, 5)) + (m.group(6) or "").replace(" ", ":")
+        runs.setdefault((m.group(1), prob), []).append((int(m.group(7)), m.group(8) or "unchecked"))
 names = list(dict.fromkeys(k[0] for k in runs))
 probs = list(dict.fromkeys(k[1] for k in runs))
 print("variant".ljust(10) + "".join(p.rjust(26) for p in probs))
@@ -70,6 +82,7 @@ for n in names:
     for p in probs:
         r = runs.get((n, p), [])
         cells.append((f"{statistics.median(t for t, _ in r):.0f} ({min(t for t, _ in r)}-{max(t for t, _ in r)})"
-                      + ("" if all(ok == "ok" for _, ok in r) else " FAIL")) if r else "-")
+                      + ("" if all(ok == "ok" for _, ok in r) else " FAIL" if any(ok == "FAIL" for _, ok in r)
+                         else " unchecked")) if r else "-")
     print(n.ljust(10) + "".join(c.rjust(26) for c in cells))
 EOF

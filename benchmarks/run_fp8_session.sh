@@ -7,6 +7,10 @@
 # swiglu_widths.txt, bench_gemm_fp8.md, bench_moe_layer.md, bench_moe_layer_wide_swiglu.md.
 #   bash benchmarks/run_fp8_session.sh                 # on the GPU machine, from the repo root
 #   SKIP_TESTS=1 ROUNDS=3 bash benchmarks/run_fp8_session.sh
+# SKIP_LAYER=1 leaves out the two layer runs (about 4 minutes; a second call can run them).
+# BF16_AB=DIR also times the BF16 kernel built from this tree against the one in DIR (a copy of an
+# older tree: `mkdir -p _ab/old && git archive HEAD csrc benchmarks | tar -x -C _ab/old`) on the
+# Mixtral, DeepSeek-V3 and Qwen3 GEMMs, interleaved ($OUT/bf16_timing_variants.txt).
 cd "$(dirname "$0")/.."
 source benchmarks/gpu_session.sh
 T0=$SECONDS
@@ -32,11 +36,19 @@ nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -o /tmp/mo
 } > "$OUT/swiglu_widths.txt" 2>&1
 echo "SwiGLU widths ($((SECONDS - T0)) s):"; cut -c1-150 "$OUT/swiglu_widths.txt"
 
+if [ -n "${BF16_AB:-}" ]; then
+    TOOL=bf16 VARIANTS="old:src=$BF16_AB new:" ROUNDS=2 \
+        PROBLEMS="16384 8 28672 4096 swiglu;16384 8 4096 14336;65536 32 4096 7168 swiglu;65536 32 7168 2048;131072 128 1536 2048 swiglu;131072 128 2048 768" \
+        timeout 200 bash benchmarks/fp8_check_variants.sh | tail -4
+    echo "BF16 A/B ($((SECONDS - T0)) s)"
+fi
+
 timeout 200 python3 benchmarks/bench_gemm_fp8.py --shapes mixtral_8x7b,dsv3_ep8_slice --gemms gemm1,gemm2 \
     --passes fwd,wgrad --iters 10 --warmup 3 --out /tmp/mok_bench_gemm_fp8.json > /tmp/mok_bench_gemm_fp8.txt 2>&1
 cp /tmp/mok_bench_gemm_fp8.md "$OUT/bench_gemm_fp8.md" 2>/dev/null || tail -20 /tmp/mok_bench_gemm_fp8.txt
 echo "bench_gemm_fp8 ($((SECONDS - T0)) s)"
 
+[ -n "${SKIP_LAYER:-}" ] && { cut -c1-200 "$OUT/bench_gemm_fp8.md"; exit 0; }
 for wide in "" 192; do
     name=bench_moe_layer${wide:+_wide_swiglu}
     MOK_SM90_FP8_SWIGLU_BN=$wide timeout 150 python3 benchmarks/bench_moe_layer.py \

@@ -8,6 +8,9 @@
  *        -o /tmp/sm90_gemm_timing benchmarks/sm90_gemm_timing.cu -lcuda && /tmp/sm90_gemm_timing
  *   /tmp/sm90_gemm_timing R E N K [swiglu|nn|wgrad] [const]   (default: Qwen3-30B-A3B's down projection)
  *
+ * Built without -DMOK_SM90_TIMING it times the kernel as shipped (no counters): what A/B runs use
+ * (benchmarks/fp8_check_variants.sh with TOOL=bf16).
+ *
  * `wgrad` times the weight-gradient variant: out[e] [K, N] = a_e^T b_e over expert e's rows, with
  * a [R, K] and b [R, N] (both MN-major), the FLOPs of the same R, N, K. Its consumer has no
  * counters yet: the time and TFLOP/s only.
@@ -92,8 +95,10 @@ int main(int argc, char** argv) {
     };
     for (int i = 0; i < 3; ++i) CHECK((cudaError_t)run());
     CHECK(cudaDeviceSynchronize());
+#ifdef MOK_SM90_TIMING
     unsigned long long zero[mok_sm90::TIMING_SLOTS] = {0};
     CHECK(cudaMemcpyToSymbol(mok_sm90::timing, zero, sizeof(zero)));
+#endif
     cudaEvent_t t0, t1;
     CHECK(cudaEventCreate(&t0));
     CHECK(cudaEventCreate(&t1));
@@ -105,15 +110,20 @@ int main(int argc, char** argv) {
     float ms = 0;
     CHECK(cudaEventElapsedTime(&ms, t0, t1));
     ms /= iters;
-    unsigned long long c[mok_sm90::TIMING_SLOTS];
+    unsigned long long c[mok_sm90::TIMING_SLOTS] = {0};
+#ifdef MOK_SM90_TIMING
     CHECK(cudaMemcpyFromSymbol(c, mok_sm90::timing, sizeof(c)));
+    const char* build = "instrumented build";
+#else
+    const char* build = "uninstrumented build";
+#endif
     int clock_khz = 0;
     CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
     const double tiles = (double)c[mok_sm90::TIMING_TILES];
     if (tiles == 0) printf("(no per-tile counters for this variant)\n");
     const double flops = 2.0 * per * E * N * K;
-    printf("R=%lld E=%lld N=%lld K=%lld %s: %.3f ms, %.0f TFLOP/s (instrumented build), %.0f tiles per call\n",
-           (long long)R, (long long)E, (long long)N, (long long)K, mode, ms, flops / ms / 1e9, tiles / iters);
+    printf("R=%lld E=%lld N=%lld K=%lld %s: %.3f ms, %.0f TFLOP/s (%s), %.0f tiles per call\n", (long long)R,
+           (long long)E, (long long)N, (long long)K, mode, ms, flops / ms / 1e9, build, tiles / iters);
     const char* names[] = {"tiles", "setup", "mainloop", "  of it: waits for a full stage", "  of it: final wgmma drain",
                            "epilogue", "  of it: waits for a buffer's read", "FP8 promotion (FP8 kernel only)"};
     static_assert(sizeof(names) / sizeof(names[0]) == mok_sm90::TIMING_SLOTS, "a name per counter");
