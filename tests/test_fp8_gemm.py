@@ -396,14 +396,15 @@ def test_swiglu_form_is_the_gemm_then_swiglu(device, T, top_k, E, I, K, routing,
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("T,top_k,E,I,K,routing", SWIGLU_CASES + [
-    pytest.param(70, 2, 4, 192, 256, "random", id="I192-up-half-offset-64"),
-    pytest.param(45, 2, 3, 320, 128, "zipf", id="I320-partial-32"),
-    pytest.param(60, 2, 5, 448, 256, "empty_expert", id="I448-partial-64"),
+    pytest.param(70, 2, 4, 384, 256, "random", id="I384-halves-straddle-blocks"),
+    pytest.param(45, 2, 3, 512, 128, "zipf", id="I512-partial-32"),
+    pytest.param(60, 2, 5, 640, 256, "empty_expert", id="I640-partial-64"),
 ])
 def test_cuda_wide_swiglu_tiles_are_bitwise_equal(monkeypatch, T, top_k, E, I, K, routing, _fresh_seed):
     # EXPERIMENTAL: MOK_SM90_FP8_SWIGLU_BN=192 (read on every call) runs the fused GEMM1 on 96 gate + 96
-    # up rows per tile: halves that may straddle a 128-wide scale block (I % 128 = 0 or 64), a partial
-    # last tile of 32 or 64 columns where I % 96 != 0, h stored through a [R, 2, I] map and in
+    # up rows per tile: halves that may straddle a 128-wide scale block (a tile's 96 columns start at
+    # 0, 32 or 64 in a block), a partial last tile of 32 or 64 columns where I % 96 != 0 (I % 128 == 0,
+    # the op's rule, leaves I % 96 = 32, 64 or 0), h stored through a [R, 2, I] map and in
     # overlapping 64-column chunks. Each element sees the same K-blocks promoted in the same order, so
     # h and act must be bitwise those of the 128-wide tiles.
     a_q, a_s, b_q, b_s, plan = make_operands(T, top_k, E, 2 * I, K, routing, "cuda")

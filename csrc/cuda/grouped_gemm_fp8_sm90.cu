@@ -38,12 +38,6 @@ int fp8_cluster_size() {
     return env && env[0] == '2' ? 2 : 1;
 }
 
-/* The environment variable `name` is set to exactly `value` (the launcher's run-time switches). */
-bool env_equals(const char* name, const char* value) {
-    const char* env = getenv(name);
-    return env && strcmp(env, value) == 0;
-}
-
 /* MOK_SM90_FP8_BN=128: the plain forward and the weight gradient run 128 x 128 tiles instead of their
  * default widths (BN_FWD, BN_WGRAD: 192); read on every call, so that one process can compare both
  * (performance log v30). */

@@ -6,6 +6,8 @@
 #define MOK_CUDA_COMMON_LAUNCH_CUH
 
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <cuda_runtime.h>
 
 #include "../mok_cuda.h"
@@ -17,6 +19,13 @@
             return MOK_ERR_ARG;      \
         }                            \
     } while (0)
+
+/* The environment variable `name` is set to exactly `value` (the launchers' run-time experiment
+ * switches, read on every call so that one process can compare both settings). */
+static inline bool env_equals(const char* name, const char* value) {
+    const char* env = getenv(name);
+    return env && strcmp(env, value) == 0;
+}
 
 /* Largest value any int32 index tensor of mok can hold. */
 #define MOK_INT32_LIMIT ((int64_t)2147483647)
