@@ -47,6 +47,21 @@ from .fp8_gemm import BLOCK, colwise_operand, quantize_colwise_blockwise, quanti
 RECIPES = ("bf16", "blockwise", "mxfp8")  # every recipe of the layers ("mxfp8": mok/_mxfp8_experts.py)
 ACT_RECIPE = "blockwise_1x128"
 
+# The forward's GEMM1: True, one kernel with SwiGLU in its epilogue (mok.fp8_gemm.grouped_mm_swiglu_blockwise);
+# False, the plain FP8 GEMM (128 x 192 tiles) then torch.ops.mok.swiglu: the same h and act bit for bit.
+# A module setting for benchmarks to compare the two (bench_moe_layer.py's mok_fp8_all_unfused; performance
+# log v37): on an H100 the unfused pair read 2-13% faster than the fused kernel on the Mixtral and
+# DeepSeek-V3 GEMM1s in bench_gemm_fp8.py (v19), not yet measured inside the layer.
+FUSED_GATE_UP = True
+
+
+def _gate_up_fp8(a_q, a_s, w_q, w_s, offsets):
+    """(act, h) of the forward's GEMM1 on FP8 operands (see FUSED_GATE_UP)."""
+    if FUSED_GATE_UP:
+        return ops.grouped_mm_fp8_swiglu(a_q, a_s, w_q, w_s, offsets)
+    h = ops.grouped_mm_fp8(a_q, a_s, w_q, w_s, offsets)
+    return ops.swiglu(h), h
+
 
 def quantize_expert_weight(w):
     """(codes [E, N, K] e4m3, scales [E, N / 128, K / 128] fp32) of an expert weight [E, N, K]:
@@ -120,10 +135,10 @@ class _Fp8GateUp(torch.autograd.Function):
         xt_q = xt_s = None
         if fp8_wgrad:
             xq = fp8.quantize_rowcol(x_rows, ACT_RECIPE)
-            act, h = ops.grouped_mm_fp8_swiglu(xq.q, xq.scales, w_q, w_s, offsets)
+            act, h = _gate_up_fp8(xq.q, xq.scales, w_q, w_s, offsets)
             (xt_q, xt_s), x_rows = colwise_operand(xq), None
         else:
-            act, h = ops.grouped_mm_fp8_swiglu(*ops.quantize_fp8(x_rows, ACT_RECIPE), w_q, w_s, offsets)
+            act, h = _gate_up_fp8(*ops.quantize_fp8(x_rows, ACT_RECIPE), w_q, w_s, offsets)
         ctx.save_for_backward(x, gate_up, src_of_row, row_of, offsets, x_rows, wt_q, wt_s, xt_q, xt_s)
         ctx.top_k = top_k
         ctx.mark_non_differentiable(act)

@@ -122,6 +122,24 @@ def test_blockwise_experts_match_the_fp8_emulation(device, case):
     check_grads(grads, grads_ref, g, x, idx, gu, dn)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES[1:4], ids=str)
+@pytest.mark.parametrize("fp8_wgrad", [False, True])
+def test_unfused_gate_up_gives_the_same_bits(monkeypatch, device, case, fp8_wgrad):
+    # FUSED_GATE_UP = False: the plain FP8 GEMM then the SwiGLU op instead of the fused kernel; outputs
+    # and gradients must be bitwise those of the default.
+    x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16, device=device, requires_grad=True)
+    results, g = [], None
+    for fused in (True, False):
+        monkeypatch.setattr(mok._fp8_experts, "FUSED_GATE_UP", fused)
+        y = mok.functional.moe_experts(x, idx, w, gu, dn, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=fp8_wgrad)
+        if g is None:
+            g = torch.randn_like(y)
+        results.append([y] + list(torch.autograd.grad(y, (x, w, gu, dn), g)))
+    for a, b in zip(*results):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{case}: outputs or gradients differ"
+
+
 def _swiglu_backward(h, d_act):
     """float64 SwiGLU backward of bf16 h, d_act (d_h = [d_gate | d_up])."""
     gate, up = h.chunk(2, dim=-1)
