@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# One device call that validates and measures the FP8 kernels (about 6-7 minutes on an H100):
-# build, the GPU suite, the fused SwiGLU GEMM1's tile widths in the standalone checker (128 x 128
-# against the experimental 128 x 192, MOK_SM90_FP8_SWIGLU_BN=192), issue 5's GEMM criteria
-# (bench_gemm_fp8.py: mok FP8 TFLOP/s and its ratio to mok BF16) and the layer per recipe, with
-# the fused GEMM1 at both widths. Files in $OUT (7): env.txt, build.log, gpu_tests.txt,
-# swiglu_widths.txt, bench_gemm_fp8.md, bench_moe_layer.md, bench_moe_layer_wide_swiglu.md.
+# One device call that validates and measures the FP8 path (about 6-8 minutes on an H100): build,
+# the GPU suite, the quantisers (bench_quant.py: the rowcol pass and its experimental persistent
+# kernel, performance log v36), issue 5's GEMM criteria (bench_gemm_fp8.py: mok FP8 TFLOP/s and its
+# ratio to mok BF16, the fused SwiGLU GEMM1 against GEMM + SwiGLU) and the layer per recipe with
+# the FP8 GEMM1 fused and unfused (mok_fp8_all_unfused, v37). Files in $OUT (6-8): env.txt,
+# build.log, gpu_tests.txt, bench_quant.md, bench_gemm_fp8.md, bench_moe_layer.md, and with the
+# options below swiglu_widths.txt, bf16_timing_variants.txt.
 #   bash benchmarks/run_fp8_session.sh                 # on the GPU machine, from the repo root
 #   SKIP_TESTS=1 ROUNDS=3 bash benchmarks/run_fp8_session.sh
-# SKIP_LAYER=1 leaves out the two layer runs (about 4 minutes; a second call can run them).
+# SKIP_LAYER=1 leaves out the layer run (about 2 minutes; a second call can run it).
+# SWIGLU_WIDTHS=1 also times the fused SwiGLU GEMM1's tile widths in the standalone checker (128 x 128
+# against the opt-in 128 x 192, MOK_SM90_FP8_SWIGLU_BN=192; v32), interleaved.
 # BF16_AB=DIR also times the BF16 kernel built from this tree against the one in DIR (a copy of an
 # older tree: `mkdir -p _ab/old && git archive HEAD csrc benchmarks | tar -x -C _ab/old`) on the
 # Mixtral, DeepSeek-V3 and Qwen3 GEMMs, interleaved ($OUT/bf16_timing_variants.txt).
@@ -17,24 +20,30 @@ T0=$SECONDS
 if [ -z "${SKIP_TESTS:-}" ]; then
     timeout 240 python3 -m pytest tests -q -m gpu -p no:cacheprovider > "$OUT/gpu_tests.txt" 2>&1
     echo "GPU suite ($((SECONDS - T0)) s): $(tail -1 "$OUT/gpu_tests.txt")"
+    grep FAILED "$OUT/gpu_tests.txt" | head -20
 fi
 
-# the fused SwiGLU GEMM1 (checker, R E N K with N = 2I), both widths interleaved
-nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -o /tmp/mok_fp8_check \
-    benchmarks/sm90_fp8_gemm_check.cu > /tmp/mok_fp8_check.build.log 2>&1 || tail -20 /tmp/mok_fp8_check.build.log
-{
-    for round in 1 2; do
-        for prob in "65536 32 4096 7168" "16384 8 28672 4096" "131072 128 1536 2048"; do
-            for bn in 128 192; do
-                # shellcheck disable=SC2086
-                line=$(MOK_FP8_CHECK_SWIGLU=1 MOK_SM90_FP8_SWIGLU_BN=$bn timeout 60 /tmp/mok_fp8_check $prob 2>&1 |
-                       grep -E '^R=|FAIL|error' | tr '\n' ' ')
-                echo "swiglu bn $bn round $round: $line"
+timeout 120 python3 benchmarks/bench_quant.py --out /tmp/mok_bench_quant.json > /tmp/mok_bench_quant.txt 2>&1
+cp /tmp/mok_bench_quant.md "$OUT/bench_quant.md" 2>/dev/null || tail -20 /tmp/mok_bench_quant.txt
+echo "bench_quant ($((SECONDS - T0)) s):"; grep -E "copy|rowcol" "$OUT/bench_quant.md" | grep -v unfused | cut -c1-120
+
+if [ -n "${SWIGLU_WIDTHS:-}" ]; then
+    nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -o /tmp/mok_fp8_check \
+        benchmarks/sm90_fp8_gemm_check.cu > /tmp/mok_fp8_check.build.log 2>&1 || tail -20 /tmp/mok_fp8_check.build.log
+    {
+        for round in 1 2; do
+            for prob in "65536 32 4096 7168" "16384 8 28672 4096" "131072 128 1536 2048"; do
+                for bn in 128 192; do
+                    # shellcheck disable=SC2086
+                    line=$(MOK_FP8_CHECK_SWIGLU=1 MOK_SM90_FP8_SWIGLU_BN=$bn timeout 60 /tmp/mok_fp8_check $prob 2>&1 |
+                           grep -E '^R=|FAIL|error' | tr '\n' ' ')
+                    echo "swiglu bn $bn round $round: $line"
+                done
             done
         done
-    done
-} > "$OUT/swiglu_widths.txt" 2>&1
-echo "SwiGLU widths ($((SECONDS - T0)) s):"; cut -c1-150 "$OUT/swiglu_widths.txt"
+    } > "$OUT/swiglu_widths.txt" 2>&1
+    echo "SwiGLU widths ($((SECONDS - T0)) s):"; cut -c1-150 "$OUT/swiglu_widths.txt"
+fi
 
 if [ -n "${BF16_AB:-}" ]; then
     TOOL=bf16 VARIANTS="old:src=$BF16_AB new:" ROUNDS=2 \
@@ -43,19 +52,16 @@ if [ -n "${BF16_AB:-}" ]; then
     echo "BF16 A/B ($((SECONDS - T0)) s)"
 fi
 
-timeout 200 python3 benchmarks/bench_gemm_fp8.py --shapes mixtral_8x7b,dsv3_ep8_slice --gemms gemm1,gemm2 \
-    --passes fwd,wgrad --iters 10 --warmup 3 --out /tmp/mok_bench_gemm_fp8.json > /tmp/mok_bench_gemm_fp8.txt 2>&1
+timeout 240 python3 benchmarks/bench_gemm_fp8.py --shapes mixtral_8x7b,dsv3_ep8_slice,qwen3_30b_a3b \
+    --gemms gemm1,gemm2 --passes fwd,wgrad --iters 10 --warmup 3 --out /tmp/mok_bench_gemm_fp8.json \
+    > /tmp/mok_bench_gemm_fp8.txt 2>&1
 cp /tmp/mok_bench_gemm_fp8.md "$OUT/bench_gemm_fp8.md" 2>/dev/null || tail -20 /tmp/mok_bench_gemm_fp8.txt
 echo "bench_gemm_fp8 ($((SECONDS - T0)) s)"
 
 [ -n "${SKIP_LAYER:-}" ] && { cut -c1-200 "$OUT/bench_gemm_fp8.md"; exit 0; }
-for wide in "" 192; do
-    name=bench_moe_layer${wide:+_wide_swiglu}
-    MOK_SM90_FP8_SWIGLU_BN=$wide timeout 150 python3 benchmarks/bench_moe_layer.py \
-        --shapes qwen3_30b_a3b,mixtral_8x7b,dsv3_ep8_slice --routing balanced \
-        --impls eager,mok,mok_fp8_dgrad,mok_fp8_all --naive off --rounds "${ROUNDS:-2}" \
-        --out "/tmp/mok_$name.json" > "/tmp/mok_$name.txt" 2>&1
-    cp "/tmp/mok_$name.md" "$OUT/$name.md" 2>/dev/null || tail -20 "/tmp/mok_$name.txt"
-    echo "$name ($((SECONDS - T0)) s)"
-done
-cut -c1-200 "$OUT/bench_gemm_fp8.md" "$OUT/bench_moe_layer.md" "$OUT/bench_moe_layer_wide_swiglu.md" 2>/dev/null
+timeout 200 python3 benchmarks/bench_moe_layer.py --shapes qwen3_30b_a3b,mixtral_8x7b,dsv3_ep8_slice \
+    --routing balanced --impls eager,mok,mok_fp8_dgrad,mok_fp8_all,mok_fp8_all_unfused --naive off \
+    --rounds "${ROUNDS:-2}" --out /tmp/mok_bench_moe_layer.json > /tmp/mok_bench_moe_layer.txt 2>&1
+cp /tmp/mok_bench_moe_layer.md "$OUT/bench_moe_layer.md" 2>/dev/null || tail -20 /tmp/mok_bench_moe_layer.txt
+echo "bench_moe_layer ($((SECONDS - T0)) s)"
+cut -c1-200 "$OUT/bench_gemm_fp8.md" "$OUT/bench_moe_layer.md" 2>/dev/null
