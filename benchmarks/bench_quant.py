@@ -31,11 +31,16 @@ COLUMNS = [("shape", "shape", ""), ("impl", "impl", ""), ("M", "M", ""), ("N", "
 
 
 def rowcol_persistent(x, recipe):
+    """mok.fp8.quantize_rowcol on the experimental persistent kernel (the switch is read per call)."""
+    old = os.environ.get("MOK_QUANT_ROWCOL_PERSISTENT")
     os.environ["MOK_QUANT_ROWCOL_PERSISTENT"] = "1"
     try:
         return mok.fp8.quantize_rowcol(x, recipe)
     finally:
-        del os.environ["MOK_QUANT_ROWCOL_PERSISTENT"]
+        if old is None:
+            del os.environ["MOK_QUANT_ROWCOL_PERSISTENT"]
+        else:
+            os.environ["MOK_QUANT_ROWCOL_PERSISTENT"] = old
 
 
 def main(argv=None):

@@ -454,9 +454,7 @@ struct fp8_tile {
     static __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used,
                                                    const CUtensorMap* tma_out, const CUtensorMap* tma_act) {
         constexpr bool kWideSwiGLU = kSwiGLU && BN > SCALE_BLOCK;
-        const consumer_thread me(s);
-        const int wg = me.wg, lane = me.lane, r_lo = me.r_lo; /* this thread's rows: r_lo, r_lo + 8 */
-        const uint32_t a_base = me.a_base, b_base = me.b_base;
+        const consumer_thread me(s); /* its rows: me.r_lo, me.r_lo + 8 */
         ring_pos pos;
         float part[BN / 2], acc[BN / 2];
         epi_stager epi = me.stager(s);
@@ -466,15 +464,15 @@ struct fp8_tile {
             const long long t_wait = MOK_TIMING_NOW();
             mbarrier_wait_parity(&s.full[at.stage], at.phase);
             MOK_TIMING_ADD(mok_sm90::TIMING_FULL_WAIT, t_wait);
-            sc.sa0 = ld_shared_f32(&s.sa[at.stage][r_lo]);
-            sc.sa1 = ld_shared_f32(&s.sa[at.stage][r_lo + 8]);
+            sc.sa0 = ld_shared_f32(&s.sa[at.stage][me.r_lo]);
+            sc.sa1 = ld_shared_f32(&s.sa[at.stage][me.r_lo + 8]);
             sc.sb0 = ld_shared_f32(&s.sb[at.stage][0]);
             sc.sb1 = (BN > SCALE_BLOCK || kSwiGLU) ? ld_shared_f32(&s.sb[at.stage][1]) : 0.f;
             if (kWideSwiGLU) {
                 sc.sb2 = ld_shared_f32(&s.sb[at.stage][2]);
                 sc.sb3 = ld_shared_f32(&s.sb[at.stage][3]);
             }
-            mma_kblock(part, a_base + at.stage * STAGE_A_BYTES, b_base + at.stage * STAGE_B_BYTES);
+            mma_kblock(part, me.a_base + at.stage * STAGE_A_BYTES, me.b_base + at.stage * STAGE_B_BYTES);
         };
         /* wait for the K-block in flight (at pos), hand its stage back (one arrival per consumer warp: its
          * tiles are read) and promote it */
@@ -483,7 +481,7 @@ struct fp8_tile {
             wgmma_wait_group<0>();
             MOK_TIMING_ADD(mok_sm90::TIMING_DRAIN, t_drain);
             const long long t_promote = MOK_TIMING_NOW();
-            if (lane == 0) release_stage<kCluster>(s, pos.stage);
+            if (me.lane == 0) release_stage<kCluster>(s, pos.stage);
             if (!MOK_SM90_FP8_NO_PROMOTE) {
                 promote<kSwiGLU, decltype(split_a)::value, decltype(split_b)::value, decltype(first_c)::value>(
                     acc, part, sc.sa0, sc.sa1, sc);
@@ -506,9 +504,10 @@ struct fp8_tile {
                 for (int kb = 1; kb < nkb; ++kb) {
                     mbarrier_wait_parity(&s.full[pos.stage], pos.phase);
                     /* (no operand fence while a group is in flight: it would read the accumulators) */
-                    mma_kblock<false>(part, a_base + pos.stage * STAGE_A_BYTES, b_base + pos.stage * STAGE_B_BYTES, 1);
+                    mma_kblock<false>(part, me.a_base + pos.stage * STAGE_A_BYTES,
+                                      me.b_base + pos.stage * STAGE_B_BYTES, 1);
                     wgmma_wait_group<1>();
-                    if (lane == 0) release_stage<kCluster>(s, prev.stage);
+                    if (me.lane == 0) release_stage<kCluster>(s, prev.stage);
                     prev = pos;
                     pos.advance();
                 }
@@ -591,7 +590,7 @@ struct fp8_tile {
                 if (MOK_SM90_FP8_EPI_OVERLAP && nkb > 0) issue(pos);
             }
             /* ---- epilogue: [64 x 64] chunks through the BF16 kernel's stager, TMA stores ---- */
-            const int64_t row0 = tile.m0 + 64 * wg;
+            const int64_t row0 = tile.m0 + 64 * me.wg;
             if (row0 < p.R) {
                 const long long t_epi = MOK_TIMING_NOW();
                 if (kSwiGLU) {
@@ -677,9 +676,7 @@ struct fp8_tile {
     }
 
     static __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_out) {
-        const consumer_thread me(s);
-        const int wg = me.wg, lane = me.lane, r_lo = me.r_lo; /* this thread's rows: r_lo, r_lo + 8 */
-        const uint32_t a_base = me.a_base, b_base = me.b_base;
+        const consumer_thread me(s); /* its rows: me.r_lo, me.r_lo + 8 */
         ring_pos pos;
         float part[BN / 2], acc[BN / 2];
         epi_stager epi = me.stager(s);
@@ -696,17 +693,17 @@ struct fp8_tile {
             const int nkb = __shfl_sync(0xFFFFFFFFu, (int)nkb64, 0);
             for (int kb = 0; kb < nkb; ++kb) {
                 mbarrier_wait_parity(&s.full[pos.stage], pos.phase);
-                mma_kblock(part, a_base + pos.stage * STAGE_A_BYTES, b_base + pos.stage * STAGE_B_BYTES);
+                mma_kblock(part, me.a_base + pos.stage * STAGE_A_BYTES, me.b_base + pos.stage * STAGE_B_BYTES);
                 wgmma_wait_group<0>();
                 /* the tiles are read: release the stage before the promotion (its scales stay, see wsa) */
-                if (lane == 0) mbarrier_arrive(&s.empty[pos.stage]);
+                if (me.lane == 0) mbarrier_arrive(&s.empty[pos.stage]);
                 const float* sa = &s.wsa[pos.phase][pos.stage][0];
-                promote_cols(acc, part, ld_shared_f32(&sa[r_lo]), ld_shared_f32(&sa[r_lo + 8]),
-                             &s.wsb[pos.phase][pos.stage][0], lane);
+                promote_cols(acc, part, ld_shared_f32(&sa[me.r_lo]), ld_shared_f32(&sa[me.r_lo + 8]),
+                             &s.wsb[pos.phase][pos.stage][0], me.lane);
                 pos.advance();
             }
             /* ---- epilogue: out[e, m, n] in [64 x 64] chunks through the [E, M, N] map ---- */
-            const int64_t m0 = tile.m0 + 64 * wg;
+            const int64_t m0 = tile.m0 + 64 * me.wg;
 #pragma unroll
             for (int j = 0; j < BN / 64; ++j) {
                 const int32_t c = (int32_t)(tile.n_tile * BN + 64 * j);
