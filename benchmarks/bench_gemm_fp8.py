@@ -86,20 +86,26 @@ def quantized_operands(cfg: Config, P):
     return Q
 
 
-def narrow_tiles(fn):
-    """fn run with MOK_SM90_FP8_BN=128: mok's plain FP8 forward and weight gradient on 128 x 128 tiles
-    (their width before v30; the launcher reads the variable on every call)."""
+def with_env(name, value, fn):
+    """fn run with the environment variable name=value (the launcher reads mok's kernel switches on every
+    call), restoring the caller's value afterwards."""
     def run():
-        old = os.environ.get("MOK_SM90_FP8_BN")
-        os.environ["MOK_SM90_FP8_BN"] = "128"
+        old = os.environ.get(name)
+        os.environ[name] = value
         try:
             return fn()
         finally:
             if old is None:
-                del os.environ["MOK_SM90_FP8_BN"]
+                del os.environ[name]
             else:
-                os.environ["MOK_SM90_FP8_BN"] = old
+                os.environ[name] = old
     return run
+
+
+def narrow_tiles(fn):
+    """fn run with MOK_SM90_FP8_BN=128: mok's plain FP8 forward and weight gradient on 128 x 128 tiles
+    (their width before v30)."""
+    return with_env("MOK_SM90_FP8_BN", "128", fn)
 
 
 def pass_impls(cfg: Config, P, Q):
@@ -113,6 +119,8 @@ def pass_impls(cfg: Config, P, Q):
             "mok_bf16": lambda: ops.grouped_mm_wgrad(P["d_plan"], P["a_plan"], None, 1, plan.offsets),
             "mok_fp8": fp8_wgrad,
             "mok_fp8_bn128": narrow_tiles(fp8_wgrad),
+            # three consumer warpgroups on 192 x 128 tiles (performance log v38)
+            "mok_fp8_wg3": with_env("MOK_SM90_FP8_WGRAD_WARPGROUPS", "3", fp8_wgrad),
             "cublas_bf16": lambda: torch.mm(P["d_sorted"].t(), P["a_sorted"]),
         }
     trans_b = cfg.gpass == "fwd"

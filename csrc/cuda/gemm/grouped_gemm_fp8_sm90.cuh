@@ -725,6 +725,21 @@ __device__ __forceinline__ bool bad_offset(const params& p, int64_t e, bool wgra
     return wgrad && (off < 0 || off > p.R || (e > 0 && off < (int64_t)p.offsets[e - 1]));
 }
 
+/* Every thread of the CTA (a __syncthreads): true when some offset is one the kernel cannot take; CTA 0
+ * then reports it in the error word, and the kernel computes nothing. */
+__device__ __forceinline__ bool plan_rejected(const params& p, bool wgrad) {
+    bool misaligned = false;
+    for (int64_t e = threadIdx.x; e <= p.E; e += blockDim.x) misaligned |= bad_offset(p, e, wgrad);
+    if (!__syncthreads_or(misaligned)) return false;
+    if (blockIdx.x == 0 && threadIdx.x == 0 && p.error_flag != NULL) {
+        /* NOTE: the plan kernel's protocol: read-OR-write of the host-mapped word, system fence */
+        volatile int32_t* flag = p.error_flag;
+        *flag = *flag | (int32_t)MOK_DEVICE_ERR_UNALIGNED_PLAN;
+        __threadfence_system();
+    }
+    return true;
+}
+
 /* 128 x BN tiles. tma_b: B in boxes of BN rows; tma_b_half: in boxes of BN / 2 rows, the half a CTA
  * of a pair multicasts (kCluster = 2), or the gate and up halves of a SwiGLU tile; tma_act: the
  * SwiGLU variant's act [R, I] (others: unused). */
@@ -751,18 +766,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma_prefetch_descriptor(&tma_a);
         tma_prefetch_descriptor((kCluster > 1 || kSwiGLU) ? &tma_b_half : &tma_b);
     }
-    /* ---- v1 takes 128-aligned plans only: report a misaligned one, compute nothing ---- */
-    bool misaligned = false;
-    for (int64_t e = threadIdx.x; e <= p.E; e += blockDim.x) misaligned |= bad_offset(p, e, kWgrad);
-    if (__syncthreads_or(misaligned)) {
-        if (blockIdx.x == 0 && threadIdx.x == 0 && p.error_flag != NULL) {
-            /* NOTE: the plan kernel's protocol: read-OR-write of the host-mapped word, system fence */
-            volatile int32_t* flag = p.error_flag;
-            *flag = *flag | (int32_t)MOK_DEVICE_ERR_UNALIGNED_PLAN;
-            __threadfence_system();
-        }
-        return; /* (every CTA of a pair returns here: the plan is the same for all) */
-    }
+    /* ---- v1 takes 128-aligned plans only: a misaligned one is reported, nothing computed ---- */
+    if (plan_rejected(p, kWgrad)) return; /* (every CTA of a pair returns here: the plan is the same for all) */
     /* NOTE: in a pair the peer's first multicast and releases may reach this CTA's barriers before
      * its own producer starts: initialise them cluster-wide first */
     if (kCluster > 1) cluster_sync();
