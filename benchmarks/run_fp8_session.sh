@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that validates and measures the FP8 path (about 6-8 minutes on an H100): build,
-# the GPU suite, the quantisers (bench_quant.py: the rowcol pass and its experimental persistent
-# kernel, performance log v36), issue 5's GEMM criteria (bench_gemm_fp8.py: mok FP8 TFLOP/s and its
+# the GPU suite, the quantisers (bench_quant.py: the rowcol pass against the copy ceiling),
+# issue 5's GEMM criteria (bench_gemm_fp8.py: mok FP8 TFLOP/s and its
 # ratio to mok BF16, the fused SwiGLU GEMM1 against GEMM + SwiGLU) and the layer per recipe with
 # the FP8 GEMM1 fused and unfused (mok_fp8_all_unfused, v37). Files in $OUT (6-8): env.txt,
 # build.log, gpu_tests.txt, bench_quant.md, bench_gemm_fp8.md, bench_moe_layer.md, and with the

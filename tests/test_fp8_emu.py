@@ -1,8 +1,7 @@
 """The bf16 FP8 tile kernels (csrc/cuda/quant/quantize_bf16_tile.cuh) on the CPU: tests/emu/ runs
 them through a small CUDA emulation (coroutine threads, shuffles, barriers, shared memory) and
 compares every code and scale with the C core, for the row-wise kernels of the three recipes and
-the fused row-wise + column-wise kernel (also its persistent form, whose mbarriers and bulk copies
-the emulation models), on ragged shapes, edge blocks and misaligned pointers.
+the fused row-wise + column-wise kernel, on ragged shapes, edge blocks and misaligned pointers.
 
 It checks the kernels' indexing and data flow where there is no GPU; the device arithmetic itself
 is covered by the exhaustive proof in csrc/core/tests/fp8_fast_forms.c and by the GPU tests in

@@ -25,7 +25,6 @@
 #include "common/launch.cuh"
 #include "common/vec.cuh"
 #include "quant/quantize_bf16_tile.cuh"
-#include "quant/quantize_rowcol_persistent.cuh"
 
 namespace {
 
@@ -235,22 +234,6 @@ extern "C" int mok_quantize_fp8_cuda(const struct mok_quantize_fp8_args* a, cuda
     }
 }
 
-/* The persistent rowcol kernel: two CTAs per SM (or one per tile, if fewer), ~90 KiB of dynamic
- * shared memory each. */
-template <int B, bool kMx>
-static int launch_rowcol_persistent(const mok_qtile::tile_args& t, int64_t tiles, cudaStream_t stream) {
-    using namespace mok_qtile;
-    const size_t smem = sizeof(rowcol_persistent_smem<B>);
-    /* (per device and cheap: set on every call rather than cached for the first device only) */
-    cudaError_t err = cudaFuncSetAttribute(quantize_rowcol_bf16_persistent_kernel<B, kMx>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (err != cudaSuccess) return (int)err;
-    const int64_t cap = (int64_t)kPersistentCtasPerSm * mok_num_sms();
-    const unsigned grid = (unsigned)(tiles < cap ? tiles : cap);
-    quantize_rowcol_bf16_persistent_kernel<B, kMx><<<grid, kThreads, smem, stream>>>(t, (int)tiles);
-    return mok_launch_status();
-}
-
 extern "C" int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol_args* a, cudaStream_t stream) {
     using namespace mok_qtile;
     MOK_CHECK_ARG(a != NULL && a->M >= 0 && a->N >= 0 &&
@@ -262,12 +245,6 @@ extern "C" int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol
     MOK_CHECK_ARG(tiles <= MOK_INT32_LIMIT);
     const tile_args t = tile_args_of(static_cast<const __nv_bfloat16*>(a->x), a->M, a->N, a->q, a->scales, a->qt,
                                      a->scales_t);
-    /* MOK_QUANT_ROWCOL_PERSISTENT=1: the persistent kernel (EXPERIMENTAL, performance log v36; read on
-     * every call so that one process can compare both); it needs 16-byte aligned rows of x */
-    if (t.vec && env_equals("MOK_QUANT_ROWCOL_PERSISTENT", "1")) {
-        if (a->recipe == MOK_FP8_MXFP8) return launch_rowcol_persistent<32, true>(t, tiles, stream);
-        return launch_rowcol_persistent<128, false>(t, tiles, stream);
-    }
     if (a->recipe == MOK_FP8_MXFP8) {
         quantize_rowcol_bf16_kernel<32, true><<<(unsigned)tiles, kThreads, 0, stream>>>(t);
     } else {

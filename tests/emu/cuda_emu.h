@@ -12,12 +12,6 @@
  * shared by the CTA's threads, and left as they were by the previous CTA (like real shared memory,
  * nothing zeroes them).
  *
- * mbarriers and bulk copies (the persistent rowcol kernel's tile buffers) are modelled too: a thread
- * waiting on a phase yields until the phase completes (its arrivals and its announced bytes). A bulk
- * copy lands either at once (emu::lazy_copies() false: a buffer refilled before every thread has
- * read it shows up as wrong data) or only when a thread waits on its barrier (true: a read without
- * the wait sees stale bytes). A round in which nothing can move is reported as a deadlock.
- *
  * What it does NOT model: the device's arithmetic (the intrinsics below are IEEE host operations
  * with denormals, which is what the kernels rely on), memory ordering, bank conflicts, timing.
  */
@@ -35,7 +29,6 @@
 #include <ucontext.h>
 
 #include <functional>
-#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -57,7 +50,7 @@ inline float float_of(uint32_t u) {
     return x;
 }
 
-enum State { kRunnable, kAtShuffle, kAtBarrier, kAtMbarrier, kDone };
+enum State { kRunnable, kAtShuffle, kAtBarrier, kDone };
 
 struct Thread {
     ucontext_t ctx;
@@ -79,38 +72,6 @@ struct Cta {
 inline Cta*& cta() {
     static Cta* c = nullptr;
     return c;
-}
-
-/* An mbarrier's state, kept beside the uint64_t the kernel allocates (keyed by its address). */
-struct Mbarrier {
-    uint32_t count = 0, pending = 0, phase = 0;
-    int64_t tx = 0;                              /* announced bytes not yet landed */
-    std::vector<std::function<void()>> copies;   /* bulk copies not yet landed (lazy mode) */
-};
-inline std::map<const void*, Mbarrier>& mbarriers() {
-    static std::map<const void*, Mbarrier> m;
-    return m;
-}
-inline bool& lazy_copies() {
-    static bool lazy = false;
-    return lazy;
-}
-/* Bumped by every arrival, landed copy and completed phase: the scheduler's deadlock test. */
-inline long& progress() {
-    static long p = 0;
-    return p;
-}
-inline Mbarrier& mbarrier_at(const void* bar) {
-    auto it = mbarriers().find(bar);
-    if (it == mbarriers().end()) throw std::runtime_error("emu: mbarrier used before mbarrier_init");
-    return it->second;
-}
-inline void mbarrier_settle(Mbarrier& b) {
-    if (b.pending == 0 && b.tx == 0) {
-        b.phase ^= 1u;
-        b.pending = b.count;
-        ++progress();
-    }
 }
 
 }  // namespace emu
@@ -177,22 +138,15 @@ inline void launch(unsigned grid, unsigned block, const std::function<void()>& k
             t.state = kRunnable;
             t.shuffles = 0;
         }
-        int stalled = 0; /* rounds in which only mbarrier waiters ran, and found nothing new */
         for (;;) {
-            const long progress_before = progress();
             for (unsigned t = 0; t < block; ++t)
                 while (c.threads[t].state == kRunnable) resume((int)t);
             bool all_done = true, moved = false;
             for (unsigned w = 0; w < block / 32; ++w) {
                 Thread* lanes = &c.threads[32 * w];
-                int waiting = 0, at_mbarrier = 0;
-                for (int l = 0; l < 32; ++l) {
-                    waiting += lanes[l].state == kAtShuffle;
-                    at_mbarrier += lanes[l].state == kAtMbarrier;
-                }
+                int waiting = 0;
+                for (int l = 0; l < 32; ++l) waiting += lanes[l].state == kAtShuffle;
                 if (waiting == 0) continue;
-                /* lanes still waiting on an mbarrier phase (each lane polls on its own) come later */
-                if (waiting + at_mbarrier == 32 && at_mbarrier > 0) continue;
                 if (waiting != 32) throw std::runtime_error("emu: shuffle with lanes missing (divergent or exited)");
                 for (int l = 0; l < 32; ++l)
                     if (lanes[l].shuffles != lanes[0].shuffles)
@@ -204,10 +158,9 @@ inline void launch(unsigned grid, unsigned block, const std::function<void()>& k
                 }
                 moved = true;
             }
-            int at_barrier = 0, at_mbarrier = 0, done = 0;
+            int at_barrier = 0, done = 0;
             for (auto& t : c.threads) {
                 at_barrier += t.state == kAtBarrier;
-                at_mbarrier += t.state == kAtMbarrier;
                 done += t.state == kDone;
                 all_done = all_done && t.state == kDone;
             }
@@ -216,14 +169,6 @@ inline void launch(unsigned grid, unsigned block, const std::function<void()>& k
                 if (done > 0) throw std::runtime_error("emu: __syncthreads after some threads exited");
                 for (auto& t : c.threads) t.state = kRunnable;
                 moved = true;
-            }
-            if (at_mbarrier > 0) {
-                /* waiters look again next round; two rounds without any movement is a deadlock */
-                stalled = moved || progress() != progress_before ? 0 : stalled + 1;
-                if (stalled > 2) throw std::runtime_error("emu: deadlock (an mbarrier phase can never complete)");
-                for (auto& t : c.threads)
-                    if (t.state == kAtMbarrier) t.state = kRunnable;
-                continue;
             }
             if (!moved) throw std::runtime_error("emu: deadlock (a barrier or shuffle can never complete)");
         }
@@ -257,66 +202,7 @@ inline float __shfl_sync(unsigned mask, float v, int src_lane) {
     return emu::float_of(emu::shuffle(mask, emu::bits_of(v), src_lane));
 }
 
-/* A warp's convergence point: a full-warp exchange of nothing. */
-inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) { (void)emu::shuffle(mask, 0u, (int)(threadIdx.x % 32)); }
-
 inline uint4 __ldg(const uint4* p) { return *p; }
-
-/* ---- ptx/mbarrier.cuh and the bulk copy of ptx/tma.cuh, emulated (the real headers are skipped) ---- */
-#define MOK_CUDA_PTX_MBARRIER_CUH
-#define MOK_CUDA_PTX_TMA_CUH
-
-inline void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
-    emu::Mbarrier b;
-    b.count = b.pending = arrivals;
-    emu::mbarriers()[bar] = b;
-}
-inline void fence_mbarrier_init() {}
-inline void fence_proxy_async_shared() {}
-
-inline void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-    emu::Mbarrier& b = emu::mbarrier_at(bar);
-    if (b.pending == 0) throw std::runtime_error("emu: more arrivals than the mbarrier's count");
-    b.tx += bytes;
-    b.pending -= 1;
-    ++emu::progress();
-    emu::mbarrier_settle(b);
-}
-
-inline void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-    if (bytes % 16 != 0 || (uintptr_t)dst % 16 != 0 || (uintptr_t)src % 16 != 0)
-        throw std::runtime_error("emu: bulk copy of a size or address not a multiple of 16");
-    emu::Mbarrier& b = emu::mbarrier_at(bar);
-    auto land = [dst, src, bytes, bar] {
-        memcpy(dst, src, bytes);
-        emu::Mbarrier& m = emu::mbarrier_at(bar);
-        m.tx -= bytes;
-        ++emu::progress();
-        emu::mbarrier_settle(m);
-    };
-    if (emu::lazy_copies()) b.copies.push_back(land);
-    else land();
-}
-
-/* Returns once the phase of this parity has completed; lands pending copies (lazy mode) first. */
-inline void mbarrier_wait_parity(uint64_t* bar, uint32_t parity) {
-    for (;;) {
-        emu::Mbarrier& b = emu::mbarrier_at(bar);
-        if (b.phase != (parity & 1u)) return;
-        if (!b.copies.empty()) {
-            std::vector<std::function<void()>> copies;
-            copies.swap(b.copies);
-            for (auto& land : copies) land();
-            continue;
-        }
-        emu::Cta& c = *emu::cta();
-        c.threads[c.current].state = emu::kAtMbarrier;
-        emu::yield();
-    }
-}
-
-/* Dynamic shared memory: a function static, shared by the CTA's threads like the __shared__ ones. */
-#define MOK_DYNAMIC_SMEM(name) alignas(128) static uint8_t name[128 << 10]
 
 inline unsigned __vmaxu2(unsigned a, unsigned b) {
     const unsigned lo = std::max(a & 0xFFFFu, b & 0xFFFFu), hi = std::max(a >> 16, b >> 16);

@@ -1,9 +1,7 @@
 /*
  * mok's bf16 FP8 tile kernels (csrc/cuda/quant/quantize_bf16_tile.cuh) run on the CPU through
  * cuda_emu.h and compared byte for byte with the C core: row-wise quantisation for the three
- * recipes and the fused row-wise + column-wise kernel against quantize(x) and quantize(x^T) (also as
- * the persistent kernel, on 3 CTAs so that each walks several tiles through its two buffers, with
- * bulk copies landing at issue and at the wait), on
+ * recipes and the fused row-wise + column-wise kernel against quantize(x) and quantize(x^T), on
  * random bf16 data with edge blocks (zeros, NaN, Inf, saturation, subnormals, quotients below
  * float's normal range, blocks below the division-free threshold), ragged shapes and misaligned
  * pointers. Built and run by
@@ -14,7 +12,6 @@
 #include "cuda_emu.h"
 
 #include "quant/quantize_bf16_tile.cuh"
-#include "quant/quantize_rowcol_persistent.cuh"
 #include "mok_core.h"
 
 #include <string>
@@ -117,12 +114,8 @@ void expect_equal(const std::vector<uint8_t>& got, const std::vector<uint8_t>& w
     }
 }
 
-enum Persistent { kOneCtaPerTile, kPersistentEager, kPersistentLazy };
-
-/* Runs one kernel on x (placed `offset` elements into its buffer) and checks it against the core.
- * persistent (rowcol only): the persistent kernel, its bulk copies landing at issue or at the wait. */
-void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset,
-              Persistent persistent = kOneCtaPerTile) {
+/* Runs one kernel on x (placed `offset` elements into its buffer) and checks it against the core. */
+void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset) {
     using namespace mok_qtile;
     const std::vector<uint16_t> x = make_input(rng, M, N);
     std::vector<uint16_t> buf(x.size() + 8);
@@ -133,19 +126,13 @@ void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset,
     std::vector<uint8_t> qt(rowcol ? (size_t)(M * N) : 0, 0xA5), st(rowcol ? (size_t)scale_count(r, N, M) * scale_size(r) : 0, 0xA5);
     const tile_args a = tile_args_of(xp, M, N, q.data(), s.data(), rowcol ? qt.data() : nullptr,
                                      rowcol ? st.data() : nullptr);
-    const int64_t tiles = tile_count(M, N);
-    const unsigned grid = persistent ? (unsigned)(tiles < 3 ? tiles : 3) : (unsigned)tiles;
-    char label[200];
-    snprintf(label, sizeof label, "%s%s %s M=%lld N=%lld offset=%d vec=%d vec_t=%d", rowcol ? "rowcol" : "rows",
-             persistent == kPersistentEager ? " persistent (copies land at issue)"
-             : persistent == kPersistentLazy ? " persistent (copies land at the wait)" : "",
+    const unsigned grid = (unsigned)tile_count(M, N);
+    char label[160];
+    snprintf(label, sizeof label, "%s %s M=%lld N=%lld offset=%d vec=%d vec_t=%d", rowcol ? "rowcol" : "rows",
              name_of(r), (long long)M, (long long)N, offset, a.vec, a.vec_t);
-    emu::lazy_copies() = persistent == kPersistentLazy;
     try {
         emu::launch(grid, kThreads, [&] {
-            if (persistent && r == kMx) quantize_rowcol_bf16_persistent_kernel<32, true>(a, (int)tiles);
-            else if (persistent) quantize_rowcol_bf16_persistent_kernel<128, false>(a, (int)tiles);
-            else if (rowcol && r == kMx) quantize_rowcol_bf16_kernel<32, true>(a);
+            if (rowcol && r == kMx) quantize_rowcol_bf16_kernel<32, true>(a);
             else if (rowcol) quantize_rowcol_bf16_kernel<128, false>(a);
             else if (r == kMx) quantize_rows_bf16_kernel<32, true>(a);
             else if (r == k128x128) quantize_tile128_bf16_kernel(a);
@@ -184,13 +171,6 @@ int main(int argc, char** argv) {
             if (r != k128x128) run_case(rng, r, true, sh.first, sh.second, 0);
         }
     }
-    /* the persistent rowcol kernel (rows of x 16-byte aligned: N % 8 == 0): ragged edges, and more
-     * tiles than its 3 CTAs, so both buffers are refilled with tiles of other shapes' edges */
-    std::vector<std::pair<int64_t, int64_t>> persistent_shapes = {{1, 8}, {130, 264}, {300, 136}, {520, 392}, {64, 2048}};
-    persistent_shapes.push_back({1 + rng.below(400), 8 * (1 + rng.below(50))});
-    for (const auto& sh : persistent_shapes)
-        for (Recipe r : {k1x128, kMx})
-            for (Persistent p : {kPersistentEager, kPersistentLazy}) run_case(rng, r, true, sh.first, sh.second, 0, p);
     /* unaligned x (element-wise loads) */
     run_case(rng, k1x128, false, 40, 256, 1);
     run_case(rng, kMx, true, 40, 256, 3);

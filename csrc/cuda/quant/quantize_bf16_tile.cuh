@@ -365,7 +365,8 @@ struct rowcol_smem {
 /* Row-wise (1xB along N) and column-wise (1xB along M, i.e. of x^T) quantisation of one tile whose
  * 8 x 8 blocks are in the threads' w: (q, scales) = quantize(x), (qt, scales_t) = quantize(x^T
  * contiguous). Three barriers; after_first_barrier runs (in every thread) once all threads are past
- * their reads of x, so that a persistent kernel can refill the buffer w came from. Shared memory is
+ * their reads of x (where a kernel that streams tiles through buffers could refill the one w came from:
+ * v36's persistent kernel, measured slower and kept in docs/experiments/). Shared memory is
  * safe to reuse for the next tile after return: each array is last read before a barrier that the
  * next tile's first write of it follows. */
 template <int B, bool kMx, typename Hook>
