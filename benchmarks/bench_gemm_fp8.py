@@ -119,8 +119,6 @@ def pass_impls(cfg: Config, P, Q):
             "mok_bf16": lambda: ops.grouped_mm_wgrad(P["d_plan"], P["a_plan"], None, 1, plan.offsets),
             "mok_fp8": fp8_wgrad,
             "mok_fp8_bn128": narrow_tiles(fp8_wgrad),
-            # three consumer warpgroups on 192 x 128 tiles (performance log v38)
-            "mok_fp8_wg3": with_env("MOK_SM90_FP8_WGRAD_WARPGROUPS", "3", fp8_wgrad),
             "cublas_bf16": lambda: torch.mm(P["d_sorted"].t(), P["a_sorted"]),
         }
     trans_b = cfg.gpass == "fwd"

@@ -4,8 +4,7 @@ on the same inputs (x, weights, routing) in one run. 'mok_fp8' is mok with recip
 forward GEMMs, BF16 backward; H and I multiples of 128), 'mok_fp8_dgrad' the same with the two dgrad
 GEMMs of the backward in FP8 too, 'mok_fp8_all' with the two weight-gradient GEMMs in FP8 as well
 (fp8_dgrad=True, fp8_wgrad=True: every expert GEMM in FP8), 'mok_fp8_all_unfused' the same with the
-forward's GEMM1 as the plain FP8 GEMM then the SwiGLU op (same bits), 'mok_fp8_all_wg3' the same as
-'mok_fp8_all' with the weight gradients on the three-warpgroup kernel (same bits), 'mok_mxfp8' recipe="mxfp8" (every GEMM
+forward's GEMM1 as the plain FP8 GEMM then the SwiGLU op (same bits), 'mok_mxfp8' recipe="mxfp8" (every GEMM
 on MXFP8-rounded operands, run on the BF16 kernels), all compared with the BF16 layers at the FP8
 tolerance; 'vs mok' is mok's BF16 fwd+bwd time over the row's.
 
@@ -55,7 +54,7 @@ QUICK_SHAPES = {
 ROUTINGS = ("balanced", "skewed")
 ZIPF_EXPONENT = 1.2
 # eager first: the reference for errors and ratios
-IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_fp8_all_unfused", "mok_fp8_all_wg3",
+IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_fp8_all_unfused",
          "mok_mxfp8", "compiled", "naive")
 NAIVE_MAX_S = 1.0  # --naive auto: time the naive loop only if one fwd+bwd takes less than this
 ERR_TOL = 2e-2
@@ -152,32 +151,7 @@ def step_fns(fn: Callable, inputs, dy):
     def fwd_bwd(_i=0):
         return torch.autograd.grad(fwd(), params, dy)
 
-    step_env = getattr(fn, "step_env", None)
-    if step_env:  # kernel switches the launchers read on every call, set for the whole step (backward too)
-        return _with_env(step_env, fwd), _with_env(step_env, fwd_bwd)
     return fwd, fwd_bwd
-
-
-def _with_env(env: Dict[str, str], fn: Callable) -> Callable:
-    def run(*args, **kwargs):
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    del os.environ[k]
-                else:
-                    os.environ[k] = v
-    return run
-
-
-def _step_env(fn: Callable, **env: str) -> Callable:
-    """fn marked to run its forward and backward with these environment variables set (step_fns)."""
-    marked = functools.partial(fn)
-    marked.step_env = env
-    return marked
 
 
 def measure(cfg: Config, name: str, fn: Callable, inputs, dy, args, ref: Optional[Dict]) -> Dict:
@@ -325,10 +299,6 @@ def impl_table(dev, compiled=False):
                                               fp8_wgrad=True),
              "mok_fp8_all_unfused": _unfused_gate_up(functools.partial(
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True)),
-             # the FP8 weight gradients on the three-warpgroup kernel (performance log v38; the same bits)
-             "mok_fp8_all_wg3": _step_env(functools.partial(
-                 mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True),
-                 MOK_SM90_FP8_WGRAD_WARPGROUPS="3"),
              "mok_mxfp8": functools.partial(mok.functional.moe_experts, recipe="mxfp8"),
              "naive": baselines.naive_experts}
     if compiled:

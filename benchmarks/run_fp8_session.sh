@@ -11,8 +11,6 @@
 # SKIP_LAYER=1 leaves out the layer run (about 2 minutes; a second call can run it).
 # SWIGLU_WIDTHS=1 also times the fused SwiGLU GEMM1's tile widths in the standalone checker (128 x 128
 # against the opt-in 128 x 192, MOK_SM90_FP8_SWIGLU_BN=192; v32), interleaved.
-# WGRAD_AB=1 also times the weight gradient's kernels in the standalone checker, interleaved: two consumer
-# warpgroups against three (v38) and three without promotion ($OUT/fp8_check_variants.txt).
 # BF16_AB=DIR also times the BF16 kernel built from this tree against the one in DIR (a copy of an
 # older tree: `mkdir -p _ab/old && git archive HEAD csrc benchmarks | tar -x -C _ab/old`) on the
 # Mixtral, DeepSeek-V3 and Qwen3 GEMMs, interleaved ($OUT/bf16_timing_variants.txt).
@@ -45,15 +43,6 @@ if [ -n "${SWIGLU_WIDTHS:-}" ]; then
         done
     } > "$OUT/swiglu_widths.txt" 2>&1
     echo "SwiGLU widths ($((SECONDS - T0)) s):"; cut -c1-150 "$OUT/swiglu_widths.txt"
-fi
-
-if [ -n "${WGRAD_AB:-}" ]; then
-    # the weight gradient's two- and three-warpgroup kernels (v38), and the latter without promotion
-    # (a timing bound: wrong results, its cells say FAIL), on the six weight gradients (R E M N)
-    WGRAD=1 ROUNDS=2 VARIANTS="wg2: wg3:-DMOK_SM90_FP8_WGRAD_WARPGROUPS=3 wg3np:-DMOK_SM90_FP8_WGRAD_WARPGROUPS=3,-DMOK_SM90_FP8_NO_PROMOTE=1" \
-        PROBLEMS="16384 8 28672 4096;16384 8 4096 14336;65536 32 4096 7168;65536 32 7168 2048;131072 128 1536 2048;131072 128 2048 768" \
-        timeout 240 bash benchmarks/fp8_check_variants.sh | tail -5
-    echo "wgrad A/B ($((SECONDS - T0)) s)"
 fi
 
 if [ -n "${BF16_AB:-}" ]; then

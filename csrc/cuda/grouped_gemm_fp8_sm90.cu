@@ -10,7 +10,6 @@
 #include "common/launch.cuh"
 #include "gemm/cluster_launch.cuh"
 #include "gemm/grouped_gemm_fp8_sm90.cuh"
-#include "gemm/grouped_gemm_fp8_wgrad3_sm90.cuh"
 #include "gemm/tensor_map.h"
 #include "mok_fp8_gemm_cuda.h"
 
@@ -49,19 +48,6 @@ bool fp8_narrow_tiles() { return env_equals("MOK_SM90_FP8_BN", "128"); }
  * Mixtral / Qwen3 shapes (performance log v32); read on every call. */
 bool fp8_wide_swiglu() { return env_equals("MOK_SM90_FP8_SWIGLU_BN", "192"); }
 
-/* MOK_SM90_FP8_WGRAD_WARPGROUPS=3: the weight gradient runs the three-warpgroup kernel (192 x 128
- * tiles, gemm/grouped_gemm_fp8_wgrad3_sm90.cuh; bitwise the same outputs), =2 the two-warpgroup one;
- * unset: the build's default (-DMOK_SM90_FP8_WGRAD_WARPGROUPS, 2). Read on every call (performance
- * log v38). */
-#ifndef MOK_SM90_FP8_WGRAD_WARPGROUPS
-#define MOK_SM90_FP8_WGRAD_WARPGROUPS 2
-#endif
-bool fp8_wgrad_three_warpgroups() {
-    if (env_equals("MOK_SM90_FP8_WGRAD_WARPGROUPS", "3")) return true;
-    if (env_equals("MOK_SM90_FP8_WGRAD_WARPGROUPS", "2")) return false;
-    return MOK_SM90_FP8_WGRAD_WARPGROUPS == 3;
-}
-
 /* Persistent launch of one kernel variant (128 x BN tiles) over `units` work units (tiles, or pairs
  * of M-tiles; shared memory opted in once per variant). */
 template <int BN, bool kWgrad, int kCluster, bool kSwiGLU = false>
@@ -85,22 +71,6 @@ int launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap
     static int max_clusters = 0;
     return mok_launch_persistent_clusters(kernel, kCluster, units, num_sms, f8::kThreads, smem, stream, &max_clusters,
                                           tma_a, tma_b, tma_b_half, tma_out, tma_act, p);
-}
-
-/* Persistent launch of the three-warpgroup weight gradient over `tiles` 192 x 128 tiles. */
-int launch_wgrad3(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_out,
-                  const f8::params& p, int64_t tiles, int num_sms_hint, cudaStream_t stream) {
-    auto kernel = f8::grouped_gemm_fp8_wgrad3_kernel<>;
-    const int smem = (int)sizeof(f8::wgrad3::smem_layout) + 1024;
-    static bool configured = false;
-    if (!configured) {
-        if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
-            return mok_launch_status();
-        configured = true;
-    }
-    const int num_sms = num_sms_hint > 0 ? num_sms_hint : mok_num_sms();
-    kernel<<<mok_sched_grid(tiles, num_sms, 1), f8::wgrad3::kThreads, smem, stream>>>(tma_a, tma_b, tma_out, p);
-    return mok_launch_status();
 }
 
 }  // namespace
@@ -219,17 +189,13 @@ extern "C" int mok_grouped_gemm_fp8_wgrad_cuda(const struct mok_grouped_gemm_fp8
     const int64_t R = a->R > 0 ? a->R : 16; /* a tensor map needs a non-empty extent (never read: no K-blocks) */
     MOK_CHECK_ARG(a->R == 0 || (a->a != NULL && a->sa != NULL && a->b != NULL && a->sb != NULL));
 
-    /* tiles: 128 x BN_WGRAD (two consumer warpgroups), 128 x 128 (MOK_SM90_FP8_BN=128), or 192 x 128
-     * (three consumer warpgroups) */
-    const bool three = fp8_wgrad_three_warpgroups();
-    const int bm = three ? (int)f8::wgrad3::BM : (int)f8::BM;
-    const int bn = three ? (int)f8::wgrad3::BN : fp8_narrow_tiles() ? 128 : (int)f8::BN_WGRAD;
+    const int bn = fp8_narrow_tiles() ? 128 : (int)f8::BN_WGRAD;
     CUtensorMap tma_a, tma_b, tma_out;
     {
-        /* A [M, R] bytes: boxes of bm rows (of M) x 128 R (one 128-byte swizzle row each) */
+        /* A [M, R] bytes: boxes of 128 rows (of M) x 128 R (one 128-byte swizzle row each) */
         const cuuint64_t dims[2] = {(cuuint64_t)R, (cuuint64_t)a->M};
         const cuuint64_t strides[1] = {(cuuint64_t)R};
-        const cuuint32_t box[2] = {f8::BK, (cuuint32_t)bm};
+        const cuuint32_t box[2] = {f8::BK, f8::BM};
         const void* base = a->R > 0 ? a->a : a->out;
         if (!mok_tma::encode(&tma_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, base, 2, dims, strides, box)) return MOK_ERR_ARG;
     }
@@ -258,11 +224,10 @@ extern "C" int mok_grouped_gemm_fp8_wgrad_cuda(const struct mok_grouped_gemm_fp8
     p.R = a->R;
     p.N = a->N;
     p.M = a->M;
-    p.num_m_tiles = mok_ceil_div(a->M, bm);
+    p.num_m_tiles = a->M / f8::BM;
     p.num_n_tiles = mok_ceil_div(a->N, bn);
     p.error_flag = a->error_flag;
     const int64_t tiles = a->E * p.num_m_tiles * p.num_n_tiles;
-    if (three) return launch_wgrad3(tma_a, tma_b, tma_out, p, tiles, a->num_sms, stream);
     return bn == 128 ? launch<128, true, 1>(tma_a, tma_b, tma_b, tma_out, tma_out, p, tiles, a->num_sms, stream)
                      : launch<f8::BN_WGRAD, true, 1>(tma_a, tma_b, tma_b, tma_out, tma_out, p, tiles, a->num_sms, stream);
 }
