@@ -3,7 +3,7 @@
 # the GPU suite, the quantisers (bench_quant.py: the rowcol pass against the copy ceiling),
 # issue 5's GEMM criteria (bench_gemm_fp8.py: mok FP8 TFLOP/s and its
 # ratio to mok BF16, the fused SwiGLU GEMM1 against GEMM + SwiGLU) and the layer per recipe with
-# the FP8 GEMM1 fused and unfused (mok_fp8_all_unfused, v37). Files in $OUT (6-8): env.txt,
+# the FP8 GEMM1 fused and unfused (mok_fp8_all_fused, v37). Files in $OUT (6-8): env.txt,
 # build.log, gpu_tests.txt, bench_quant.md, bench_gemm_fp8.md, bench_moe_layer.md, and with the
 # options below swiglu_widths.txt, bf16_timing_variants.txt.
 #   bash benchmarks/run_fp8_session.sh                 # on the GPU machine, from the repo root
@@ -60,7 +60,7 @@ echo "bench_gemm_fp8 ($((SECONDS - T0)) s)"
 
 [ -n "${SKIP_LAYER:-}" ] && { cut -c1-200 "$OUT/bench_gemm_fp8.md"; exit 0; }
 timeout 200 python3 benchmarks/bench_moe_layer.py --shapes qwen3_30b_a3b,mixtral_8x7b,dsv3_ep8_slice \
-    --routing balanced --impls eager,mok,mok_fp8_dgrad,mok_fp8_all,mok_fp8_all_unfused --naive off \
+    --routing balanced --impls eager,mok,mok_fp8_dgrad,mok_fp8_all,mok_fp8_all_fused --naive off \
     --rounds "${ROUNDS:-2}" --out /tmp/mok_bench_moe_layer.json > /tmp/mok_bench_moe_layer.txt 2>&1
 cp /tmp/mok_bench_moe_layer.md "$OUT/bench_moe_layer.md" 2>/dev/null || tail -20 /tmp/mok_bench_moe_layer.txt
 echo "bench_moe_layer ($((SECONDS - T0)) s)"

@@ -47,12 +47,14 @@ from .fp8_gemm import BLOCK, colwise_operand, quantize_colwise_blockwise, quanti
 RECIPES = ("bf16", "blockwise", "mxfp8")  # every recipe of the layers ("mxfp8": mok/_mxfp8_experts.py)
 ACT_RECIPE = "blockwise_1x128"
 
-# The forward's GEMM1: True, one kernel with SwiGLU in its epilogue (mok.fp8_gemm.grouped_mm_swiglu_blockwise);
-# False, the plain FP8 GEMM (128 x 192 tiles) then torch.ops.mok.swiglu: the same h and act bit for bit.
-# A module setting for benchmarks to compare the two (bench_moe_layer.py's mok_fp8_all_unfused; performance
-# log v37): on an H100 the unfused pair read 2-13% faster than the fused kernel on the Mixtral and
-# DeepSeek-V3 GEMM1s in bench_gemm_fp8.py (v19), not yet measured inside the layer.
-FUSED_GATE_UP = True
+# The forward's GEMM1: False (default), the plain FP8 GEMM (128 x 192 tiles) then torch.ops.mok.swiglu;
+# True, one kernel with SwiGLU in its epilogue (mok.fp8_gemm.grouped_mm_swiglu_blockwise, 128 x 128
+# tiles): the same h and act bit for bit. Measured on an H200 (RESULTS v20, performance log v37): the
+# pair is 6-16% faster than the fused kernel on the Mixtral, DeepSeek-V3 and Qwen3 GEMM1s
+# (bench_gemm_fp8.py), and the layer's fwd+bwd 1-2% faster on Mixtral and DeepSeek-V3 (Qwen3 within
+# the noise). A module setting, so that benchmarks can compare the two (bench_moe_layer.py's
+# mok_fp8_all_fused).
+FUSED_GATE_UP = False
 
 
 def _gate_up_fp8(a_q, a_s, w_q, w_s, offsets):

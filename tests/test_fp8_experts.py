@@ -31,14 +31,17 @@ TOL_EMULATION = 1e-2
 
 
 def tol_forward(case):
-    """Tolerance of y against the emulation. The kernels sum h in fp32, the emulation in float64, so
-    now and then one bf16 h (and with it act) lands one step apart, and about 1 in 16 of those moves
-    an E4M3 code of act across a rounding boundary: a 6-12% change of one of the K * I terms of a
-    token's y. Spread over T tokens that is an error of order 1 / sqrt(T * K * I) in the norm. Measured
-    (one H200, 200 seeds of the one-token case, K = 1, I = 128): 17 runs above 1e-2, the worst
-    3.5e-2; 0.6 / sqrt(T * K * I) gives 5.3e-2 there and is TOL_EMULATION from T * K * I = 3600 up.
-    A wrong scale (~1e0), expert (~1.4e0) or a dropped K-block (~1e-1) still fails."""
-    return max(TOL_EMULATION, 0.6 / max(1, case.T * case.K * case.I) ** 0.5)
+    """Tolerance of y against the emulation. The kernels sum h in fp32 (the FP8 tensor cores with
+    reduced-precision accumulation inside each 128-wide K-block), the emulation in float64, so some
+    bf16 h (and with them act) land one step apart, and about 1 in 16 of those moves an E4M3 code of
+    act across a rounding boundary: a 6-12% change of one of the K * I terms of a token's y. That is a
+    rate per element, so the error does not shrink with T; its spread does. Measured on one H200
+    (benchmarks/fp8_emulation_tails.py, 150 seeds per case): T53-K1-I256 median 4.9e-3, p99 8.9e-3,
+    worst 1.17e-2; T150-K3-I384 worst 6.4e-3; the one-token case (K = 1, I = 128, 200 seeds) 17 runs
+    above 1e-2, the worst 3.5e-2, which 0.6 / sqrt(T * K * I) = 5.3e-2 covers. Floor 2e-2: 1.7x the
+    worst seen from T = 53 up. A wrong scale (~1e0), expert (~1.4e0) or a dropped K-block (~1e-1)
+    still fails."""
+    return max(2 * TOL_EMULATION, 0.6 / max(1, case.T * case.K * case.I) ** 0.5)
 
 
 def tol_fp8_dgrad(case):
@@ -125,9 +128,9 @@ def test_blockwise_experts_match_the_fp8_emulation(device, case):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES[1:4], ids=str)
 @pytest.mark.parametrize("fp8_wgrad", [False, True])
-def test_unfused_gate_up_gives_the_same_bits(monkeypatch, device, case, fp8_wgrad):
-    # FUSED_GATE_UP = False: the plain FP8 GEMM then the SwiGLU op instead of the fused kernel; outputs
-    # and gradients must be bitwise those of the default.
+def test_fused_and_unfused_gate_up_give_the_same_bits(monkeypatch, device, case, fp8_wgrad):
+    # FUSED_GATE_UP: the fused SwiGLU GEMM1 (True) or the plain FP8 GEMM then the SwiGLU op (False, the
+    # default); outputs and gradients must be bitwise the same.
     x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16, device=device, requires_grad=True)
     results, g = [], None
     for fused in (True, False):
