@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# One device call that validates and measures the FP8 path (about 6-8 minutes on an H100): build,
+# One device call that validates and measures the FP8 path (about 6 minutes on the H200, v20): build,
 # the GPU suite, the quantisers (bench_quant.py: the rowcol pass against the copy ceiling),
 # issue 5's GEMM criteria (bench_gemm_fp8.py: mok FP8 TFLOP/s and its
 # ratio to mok BF16, the fused SwiGLU GEMM1 against GEMM + SwiGLU) and the layer per recipe with
 # the FP8 GEMM1 fused and unfused (mok_fp8_all_fused, v37). Files in $OUT (6-8): env.txt,
 # build.log, gpu_tests.txt, bench_quant.md, bench_gemm_fp8.md, bench_moe_layer.md, and with the
-# options below swiglu_widths.txt, bf16_timing_variants.txt.
+# options below swiglu_widths.txt, bf16_timing_variants.txt, trace_qwen3_fp8.txt.
 #   bash benchmarks/run_fp8_session.sh                 # on the GPU machine, from the repo root
 #   SKIP_TESTS=1 ROUNDS=3 bash benchmarks/run_fp8_session.sh
-# SKIP_LAYER=1 leaves out the layer run (about 2 minutes; a second call can run it).
+# SKIP_LAYER=1 leaves out the layer run (about 1 minute on the H200; a second call can run it).
+# TRACE=1 also traces the Qwen3 layer kernel by kernel in BF16, FP8 dgrad and all-FP8 ($OUT/trace_qwen3_fp8.txt).
 # SWIGLU_WIDTHS=1 also times the fused SwiGLU GEMM1's tile widths in the standalone checker (128 x 128
 # against the opt-in 128 x 192, MOK_SM90_FP8_SWIGLU_BN=192; v32), interleaved.
 # BF16_AB=DIR also times the BF16 kernel built from this tree against the one in DIR (a copy of an
@@ -64,4 +65,10 @@ timeout 200 python3 benchmarks/bench_moe_layer.py --shapes qwen3_30b_a3b,mixtral
     --rounds "${ROUNDS:-2}" --out /tmp/mok_bench_moe_layer.json > /tmp/mok_bench_moe_layer.txt 2>&1
 cp /tmp/mok_bench_moe_layer.md "$OUT/bench_moe_layer.md" 2>/dev/null || tail -20 /tmp/mok_bench_moe_layer.txt
 echo "bench_moe_layer ($((SECONDS - T0)) s)"
+if [ -n "${TRACE:-}" ]; then
+    # where the FP8 layer's time goes on Qwen3 (1.05x mok BF16 in v20, 1.25x asked): every kernel per step
+    timeout 120 python3 benchmarks/trace_moe_layer.py --shapes qwen3_30b_a3b --impls mok,mok_fp8_dgrad,mok_fp8_all \
+        --top 25 > "$OUT/trace_qwen3_fp8.txt" 2>&1
+    echo "trace ($((SECONDS - T0)) s)"
+fi
 cut -c1-200 "$OUT/bench_gemm_fp8.md" "$OUT/bench_moe_layer.md" 2>/dev/null
