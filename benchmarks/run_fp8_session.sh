@@ -5,10 +5,12 @@
 # ratio to mok BF16, the fused SwiGLU GEMM1 against GEMM + SwiGLU) and the layer per recipe with
 # the FP8 GEMM1 fused and unfused (mok_fp8_all_fused, v37). Files in $OUT (6-8): env.txt,
 # build.log, gpu_tests.txt, bench_quant.md, bench_gemm_fp8.md, bench_moe_layer.md, and with the
-# options below swiglu_widths.txt, bf16_timing_variants.txt, trace_qwen3_fp8.txt.
+# options below swiglu_widths.txt, bf16_timing_variants.txt, fp8_tails.md, trace_qwen3_fp8.txt.
 #   bash benchmarks/run_fp8_session.sh                 # on the GPU machine, from the repo root
 #   SKIP_TESTS=1 ROUNDS=3 bash benchmarks/run_fp8_session.sh
 # SKIP_LAYER=1 leaves out the layer run (about 1 minute on the H200; a second call can run it).
+# TAILS=1 also measures how far the FP8 layer's y and gradients land from the emulation over 150 seeds
+# ($OUT/fp8_tails.md; tests/test_fp8_experts.py's tolerances).
 # TRACE=1 also traces the Qwen3 layer kernel by kernel in BF16, FP8 dgrad and all-FP8 ($OUT/trace_qwen3_fp8.txt).
 # SWIGLU_WIDTHS=1 also times the fused SwiGLU GEMM1's tile widths in the standalone checker (128 x 128
 # against the opt-in 128 x 192, MOK_SM90_FP8_SWIGLU_BN=192; v32), interleaved.
@@ -65,6 +67,11 @@ timeout 200 python3 benchmarks/bench_moe_layer.py --shapes qwen3_30b_a3b,mixtral
     --rounds "${ROUNDS:-2}" --out /tmp/mok_bench_moe_layer.json > /tmp/mok_bench_moe_layer.txt 2>&1
 cp /tmp/mok_bench_moe_layer.md "$OUT/bench_moe_layer.md" 2>/dev/null || tail -20 /tmp/mok_bench_moe_layer.txt
 echo "bench_moe_layer ($((SECONDS - T0)) s)"
+if [ -n "${TAILS:-}" ]; then
+    # the FP8 layer's y and gradients against the float64 emulation over 150 seeds (the tests' tolerances)
+    timeout 150 python3 benchmarks/fp8_emulation_tails.py --seeds 150 --grads > "$OUT/fp8_tails.md" 2>&1
+    cat "$OUT/fp8_tails.md"
+fi
 if [ -n "${TRACE:-}" ]; then
     # where the FP8 layer's time goes on Qwen3 (1.05x mok BF16 in v20, 1.25x asked): every kernel per step
     timeout 120 python3 benchmarks/trace_moe_layer.py --shapes qwen3_30b_a3b --impls mok,mok_fp8_dgrad,mok_fp8_all \
