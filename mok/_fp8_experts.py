@@ -126,7 +126,7 @@ def _quantize_grad(g, row, col):
 
 
 class _Fp8GateUp(torch.autograd.Function):
-    """(h, act) = x_rows @ gate_up[e]^T in FP8 and SwiGLU(h), one kernel; act is not differentiable
+    """(h, act) = x_rows @ gate_up[e]^T in FP8 and SwiGLU(h) (see FUSED_GATE_UP); act is not differentiable
     here (its gradient reaches h through _SwiGLUOf, as in the BF16 path). Backward as mok's BF16
     _GateUp (d_x summed over each token's rows, d_gate_up over x_rows), its dgrad in FP8 when the
     transposed codes are given, its weight gradient in FP8 when fp8_wgrad (then x_rows' column-wise

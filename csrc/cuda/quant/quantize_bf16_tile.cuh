@@ -84,12 +84,12 @@ struct tile_thread {
     int64_t m0, n0, r0, c;
 };
 
-__device__ __forceinline__ tile_thread tile_thread_of(const tile_args& a, int tile) {
+__device__ __forceinline__ tile_thread tile_thread_of(const tile_args& a) {
     tile_thread t;
     t.p = (int)threadIdx.x % kPieces;
     t.g = (int)threadIdx.x / kPieces;
-    t.tm = tile / a.nbn;
-    t.tn = tile - t.tm * a.nbn;
+    t.tm = (int)blockIdx.x / a.nbn;
+    t.tn = (int)blockIdx.x - t.tm * a.nbn;
     t.m0 = (int64_t)t.tm * kTile;
     t.n0 = (int64_t)t.tn * kTile;
     t.r0 = t.m0 + 8 * t.g;
@@ -98,8 +98,6 @@ __device__ __forceinline__ tile_thread tile_thread_of(const tile_args& a, int ti
     t.cols = (int)(a.N - t.c < 0 ? 0 : (a.N - t.c > 8 ? 8 : a.N - t.c));
     return t;
 }
-/* One CTA per tile: the CTA's own. */
-__device__ __forceinline__ tile_thread tile_thread_of(const tile_args& a) { return tile_thread_of(a, (int)blockIdx.x); }
 
 /* ---- packed bf16 helpers ---- */
 
@@ -362,25 +360,21 @@ struct rowcol_smem {
     uint2 codes_t[kTile][kChunks];
 };
 
-/* Row-wise (1xB along N) and column-wise (1xB along M, i.e. of x^T) quantisation of one tile whose
- * 8 x 8 blocks are in the threads' w: (q, scales) = quantize(x), (qt, scales_t) = quantize(x^T
- * contiguous). Three barriers; after_first_barrier runs (in every thread) once all threads are past
- * their reads of x (where a kernel that streams tiles through buffers could refill the one w came from:
- * v36's persistent kernel, measured slower and kept in docs/experiments/). Shared memory is
- * safe to reuse for the next tile after return: each array is last read before a barrier that the
- * next tile's first write of it follows. */
-template <int B, bool kMx, typename Hook>
-__device__ __forceinline__ void rowcol_tile(const tile_args& a, const tile_thread& t, const uint32_t (&w)[8][4],
-                                            rowcol_smem<B>& s, Hook&& after_first_barrier) {
+/* Row-wise (1xB along N) and column-wise (1xB along M, i.e. of x^T) from one read of x:
+ * (q, scales) = quantize(x), (qt, scales_t) = quantize(x^T contiguous). */
+template <int B, bool kMx>
+__global__ void __launch_bounds__(kThreads) quantize_rowcol_bf16_kernel(const tile_args a) {
     enum { kGroup = B / 8, kColBlocks = kTile / B }; /* chunks per column block: 16 or 4; blocks per tile column */
-    uint32_t rm[4], cm[4];
+    __shared__ rowcol_smem<B> s;
+    const tile_thread t = tile_thread_of(a);
+    uint32_t w[8][4], rm[4], cm[4];
+    load_block(a, t, w);
     block_maxima(w, rm, cm);
     s.part[t.g][t.p] = make_uint4(cm[0], cm[1], cm[2], cm[3]);
 
     /* row-wise blocks, stored while the other warps catch up with the barrier */
     quantize_rows<B, kMx>(a, t, w, rm);
     __syncthreads();
-    after_first_barrier();
 
     /* column blocks' scales: one thread per (block, column); u -> piece pp (fastest), column c
      * within the piece, block kb, i.e. column 8 pp + c of the tile and rows kb * B .. + B */
@@ -439,16 +433,6 @@ __device__ __forceinline__ void rowcol_tile(const tile_args& a, const tile_threa
                 if (m + j < a.M) dst[j] = (uint8_t)(words[j / 4] >> (8 * (j % 4)));
         }
     }
-}
-
-/* One CTA per 128 x 128 tile: rowcol_tile on x read straight into registers. */
-template <int B, bool kMx>
-__global__ void __launch_bounds__(kThreads) quantize_rowcol_bf16_kernel(const tile_args a) {
-    __shared__ rowcol_smem<B> s;
-    const tile_thread t = tile_thread_of(a);
-    uint32_t w[8][4];
-    load_block(a, t, w);
-    rowcol_tile<B, kMx>(a, t, w, s, [] {});
 }
 
 }  // namespace mok_qtile
