@@ -8,7 +8,8 @@
 # options below swiglu_widths.txt, bf16_timing_variants.txt, fp8_tails.md, trace_qwen3_fp8.txt.
 #   bash benchmarks/run_fp8_session.sh                 # on the GPU machine, from the repo root
 #   SKIP_TESTS=1 ROUNDS=3 bash benchmarks/run_fp8_session.sh
-# SKIP_LAYER=1 leaves out the layer run (about 1 minute on the H200; a second call can run it).
+# SKIP_LAYER=1 leaves out the layer run (about 1 minute on the H200; a second call can run it);
+# SKIP_GEMM=1 leaves out bench_gemm_fp8.py (about 1.5 minutes). TAILS and TRACE run either way.
 # TAILS=1 also measures how far the FP8 layer's y and gradients land from the emulation over 150 seeds
 # ($OUT/fp8_tails.md; tests/test_fp8_experts.py's tolerances).
 # TRACE=1 also traces the Qwen3 layer kernel by kernel in BF16, FP8 dgrad and all-FP8 ($OUT/trace_qwen3_fp8.txt).
@@ -55,18 +56,21 @@ if [ -n "${BF16_AB:-}" ]; then
     echo "BF16 A/B ($((SECONDS - T0)) s)"
 fi
 
-timeout 240 python3 benchmarks/bench_gemm_fp8.py --shapes mixtral_8x7b,dsv3_ep8_slice,qwen3_30b_a3b \
+[ -z "${SKIP_GEMM:-}" ] && timeout 240 python3 benchmarks/bench_gemm_fp8.py --shapes mixtral_8x7b,dsv3_ep8_slice,qwen3_30b_a3b \
     --gemms gemm1,gemm2 --passes fwd,wgrad --iters 10 --warmup 3 --out /tmp/mok_bench_gemm_fp8.json \
     > /tmp/mok_bench_gemm_fp8.txt 2>&1
-cp /tmp/mok_bench_gemm_fp8.md "$OUT/bench_gemm_fp8.md" 2>/dev/null || tail -20 /tmp/mok_bench_gemm_fp8.txt
-echo "bench_gemm_fp8 ($((SECONDS - T0)) s)"
+if [ -z "${SKIP_GEMM:-}" ]; then
+    cp /tmp/mok_bench_gemm_fp8.md "$OUT/bench_gemm_fp8.md" 2>/dev/null || tail -20 /tmp/mok_bench_gemm_fp8.txt
+    echo "bench_gemm_fp8 ($((SECONDS - T0)) s)"
+fi
 
-[ -n "${SKIP_LAYER:-}" ] && { cut -c1-200 "$OUT/bench_gemm_fp8.md"; exit 0; }
-timeout 200 python3 benchmarks/bench_moe_layer.py --shapes qwen3_30b_a3b,mixtral_8x7b,dsv3_ep8_slice \
+[ -z "${SKIP_LAYER:-}" ] && timeout 200 python3 benchmarks/bench_moe_layer.py --shapes qwen3_30b_a3b,mixtral_8x7b,dsv3_ep8_slice \
     --routing balanced --impls eager,mok,mok_fp8_dgrad,mok_fp8_all,mok_fp8_all_fused --naive off \
     --rounds "${ROUNDS:-2}" --out /tmp/mok_bench_moe_layer.json > /tmp/mok_bench_moe_layer.txt 2>&1
-cp /tmp/mok_bench_moe_layer.md "$OUT/bench_moe_layer.md" 2>/dev/null || tail -20 /tmp/mok_bench_moe_layer.txt
-echo "bench_moe_layer ($((SECONDS - T0)) s)"
+if [ -z "${SKIP_LAYER:-}" ]; then
+    cp /tmp/mok_bench_moe_layer.md "$OUT/bench_moe_layer.md" 2>/dev/null || tail -20 /tmp/mok_bench_moe_layer.txt
+    echo "bench_moe_layer ($((SECONDS - T0)) s)"
+fi
 if [ -n "${TAILS:-}" ]; then
     # the FP8 layer's y and gradients against the float64 emulation over 150 seeds (the tests' tolerances)
     timeout 150 python3 benchmarks/fp8_emulation_tails.py --seeds 150 --grads > "$OUT/fp8_tails.md" 2>&1
