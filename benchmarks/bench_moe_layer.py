@@ -4,7 +4,9 @@ on the same inputs (x, weights, routing) in one run. 'mok_fp8' is mok with recip
 forward GEMMs, BF16 backward; H and I multiples of 128), 'mok_fp8_dgrad' the same with the two dgrad
 GEMMs of the backward in FP8 too, 'mok_fp8_all' with the two weight-gradient GEMMs in FP8 as well
 (fp8_dgrad=True, fp8_wgrad=True: every expert GEMM in FP8), 'mok_fp8_all_fused' the same with the
-forward's GEMM1 as the fused SwiGLU GEMM instead of the plain FP8 GEMM then the SwiGLU op (same bits), 'mok_mxfp8' recipe="mxfp8" (every GEMM
+forward's GEMM1 as the fused SwiGLU GEMM instead of the plain FP8 GEMM then the SwiGLU op (same bits),
+'mok_fp8_dgrad_3nodes' and 'mok_fp8_all_3nodes' with SwiGLU and the quantisations of act and d_h as
+separate ops (mok._fp8_experts.FUSED_SWIGLU_QUANT = False: the path before v39, same bits), 'mok_mxfp8' recipe="mxfp8" (every GEMM
 on MXFP8-rounded operands, run on the BF16 kernels), all compared with the BF16 layers at the FP8
 tolerance; 'vs mok' is mok's BF16 fwd+bwd time over the row's.
 
@@ -54,7 +56,8 @@ QUICK_SHAPES = {
 ROUTINGS = ("balanced", "skewed")
 ZIPF_EXPONENT = 1.2
 # eager first: the reference for errors and ratios
-IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_fp8_all_fused",
+IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_fp8_all_fused", "mok_fp8_dgrad_3nodes",
+         "mok_fp8_all_3nodes",
          "mok_mxfp8", "compiled", "naive")
 NAIVE_MAX_S = 1.0  # --naive auto: time the naive loop only if one fwd+bwd takes less than this
 ERR_TOL = 2e-2
@@ -276,17 +279,28 @@ def err_tol(impl: str) -> float:
     return ERR_TOL_FP8 if impl.startswith("mok_fp8") or impl == "mok_mxfp8" else ERR_TOL
 
 
-def _fused_gate_up(fn):
-    """fn with the FP8 forward's GEMM1 as the fused SwiGLU kernel instead of the plain FP8 GEMM then the
-    SwiGLU op (mok._fp8_experts.FUSED_GATE_UP; the same bits)."""
+def _with_setting(fn, name, value):
+    """fn with mok._fp8_experts.<name> set to value while it runs (settings that keep the same bits)."""
     def run(*args, **kwargs):
-        old = mok._fp8_experts.FUSED_GATE_UP
-        mok._fp8_experts.FUSED_GATE_UP = True
+        old = getattr(mok._fp8_experts, name)
+        setattr(mok._fp8_experts, name, value)
         try:
             return fn(*args, **kwargs)
         finally:
-            mok._fp8_experts.FUSED_GATE_UP = old
+            setattr(mok._fp8_experts, name, old)
     return run
+
+
+def _fused_gate_up(fn):
+    """fn with the FP8 forward's GEMM1 as the fused SwiGLU kernel instead of the plain FP8 GEMM then the
+    SwiGLU op (mok._fp8_experts.FUSED_GATE_UP; the same bits)."""
+    return _with_setting(fn, "FUSED_GATE_UP", True)
+
+
+def _three_nodes(fn):
+    """fn with SwiGLU and the quantisations of act and d_h as separate ops (mok._fp8_experts.
+    FUSED_SWIGLU_QUANT = False, the path before v39; the same bits)."""
+    return _with_setting(fn, "FUSED_SWIGLU_QUANT", False)
 
 
 def impl_table(dev, compiled=False):
@@ -298,6 +312,10 @@ def impl_table(dev, compiled=False):
              "mok_fp8_all": functools.partial(mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True,
                                               fp8_wgrad=True),
              "mok_fp8_all_fused": _fused_gate_up(functools.partial(
+                 mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True)),
+             "mok_fp8_dgrad_3nodes": _three_nodes(functools.partial(
+                 mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True)),
+             "mok_fp8_all_3nodes": _three_nodes(functools.partial(
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True)),
              "mok_mxfp8": functools.partial(mok.functional.moe_experts, recipe="mxfp8"),
              "naive": baselines.naive_experts}

@@ -4,7 +4,7 @@
 # issue 5's GEMM criteria (bench_gemm_fp8.py: mok FP8 TFLOP/s and its
 # ratio to mok BF16, the fused SwiGLU GEMM1 against GEMM + SwiGLU) and the layer per recipe with
 # the FP8 GEMM1 fused and unfused (mok_fp8_all_fused, v37). Files in $OUT (6-8): env.txt,
-# build.log, gpu_tests.txt, bench_quant.md, bench_gemm_fp8.md, bench_moe_layer.md, and with the
+# build.log, gpu_tests.txt, bench_quant.md, bench_swiglu_quant.md, bench_gemm_fp8.md, bench_moe_layer.md, and with the
 # options below swiglu_widths.txt, bf16_timing_variants.txt, fp8_tails.md, trace_qwen3_fp8.txt.
 #   bash benchmarks/run_fp8_session.sh                 # on the GPU machine, from the repo root
 #   SKIP_TESTS=1 ROUNDS=3 bash benchmarks/run_fp8_session.sh
@@ -30,6 +30,11 @@ fi
 timeout 120 python3 benchmarks/bench_quant.py --out /tmp/mok_bench_quant.json > /tmp/mok_bench_quant.txt 2>&1
 cp /tmp/mok_bench_quant.md "$OUT/bench_quant.md" 2>/dev/null || tail -20 /tmp/mok_bench_quant.txt
 echo "bench_quant ($((SECONDS - T0)) s):"; grep -E "copy|rowcol" "$OUT/bench_quant.md" | grep -v unfused | cut -c1-120
+
+# SwiGLU + quantisation in one op against the two ops (v39)
+timeout 90 python3 benchmarks/bench_swiglu_quant.py --out /tmp/mok_bench_swiglu_quant.json > /tmp/mok_bench_swiglu_quant.txt 2>&1
+cp /tmp/mok_bench_swiglu_quant.md "$OUT/bench_swiglu_quant.md" 2>/dev/null || tail -20 /tmp/mok_bench_swiglu_quant.txt
+echo "bench_swiglu_quant ($((SECONDS - T0)) s):"; grep -E "^\| (qwen3|mixtral|dsv3)" "$OUT/bench_swiglu_quant.md" | cut -c1-120
 
 if [ -n "${SWIGLU_WIDTHS:-}" ]; then
     nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -o /tmp/mok_fp8_check \
@@ -65,7 +70,7 @@ if [ -z "${SKIP_GEMM:-}" ]; then
 fi
 
 [ -z "${SKIP_LAYER:-}" ] && timeout 200 python3 benchmarks/bench_moe_layer.py --shapes qwen3_30b_a3b,mixtral_8x7b,dsv3_ep8_slice \
-    --routing balanced --impls eager,mok,mok_fp8_dgrad,mok_fp8_all,mok_fp8_all_fused --naive off \
+    --routing balanced --impls eager,mok,mok_fp8_dgrad,mok_fp8_dgrad_3nodes,mok_fp8_all,mok_fp8_all_3nodes,mok_fp8_all_fused --naive off \
     --rounds "${ROUNDS:-2}" --out /tmp/mok_bench_moe_layer.json > /tmp/mok_bench_moe_layer.txt 2>&1
 if [ -z "${SKIP_LAYER:-}" ]; then
     cp /tmp/mok_bench_moe_layer.md "$OUT/bench_moe_layer.md" 2>/dev/null || tail -20 /tmp/mok_bench_moe_layer.txt
@@ -78,7 +83,7 @@ if [ -n "${TAILS:-}" ]; then
 fi
 if [ -n "${TRACE:-}" ]; then
     # where the FP8 layer's time goes on Qwen3 (1.05x mok BF16 in v20, 1.25x asked): every kernel per step
-    timeout 120 python3 benchmarks/trace_moe_layer.py --shapes qwen3_30b_a3b --impls mok,mok_fp8_dgrad,mok_fp8_all \
+    timeout 120 python3 benchmarks/trace_moe_layer.py --shapes qwen3_30b_a3b --impls mok,mok_fp8_all,mok_fp8_all_3nodes \
         --top 25 > "$OUT/trace_qwen3_fp8.txt" 2>&1
     echo "trace ($((SECONDS - T0)) s)"
 fi

@@ -57,6 +57,15 @@ ACT_RECIPE = "blockwise_1x128"
 FUSED_GATE_UP = False
 
 
+# The path between the two GEMMs: True (default), one autograd node for GEMM1, SwiGLU and GEMM2
+# (_Fp8Mlp) whose SwiGLU quantises its result in the same pass, act in the forward and d_h in the
+# backward (torch.ops.mok.swiglu_quantize_fp8), so that neither makes a bf16 round trip through memory
+# unless a BF16 GEMM needs it; False, the three nodes _Fp8GateUp, _SwiGLUOf and _Fp8Down with
+# SwiGLU and each quantisation on its own. The same bits either way. FUSED_GATE_UP=True takes
+# the three nodes (its GEMM1 writes act itself).
+FUSED_SWIGLU_QUANT = True
+
+
 def _gate_up_fp8(a_q, a_s, w_q, w_s, offsets):
     """(act, h) of the forward's GEMM1 on FP8 operands (see FUSED_GATE_UP)."""
     if FUSED_GATE_UP:
@@ -208,6 +217,82 @@ class _Fp8Down(torch.autograd.Function):
         return d_act, d_down, None, None, None, None, None, None
 
 
+class _Fp8Mlp(torch.autograd.Function):
+    """rows = FP8GEMM2(q(SwiGLU(FP8GEMM1(q(x_rows))))) per expert as one node, so that SwiGLU and the
+    quantisation of its result are one kernel both ways (FUSED_SWIGLU_QUANT): the forward makes act's
+    row-wise codes (GEMM2's operand) and, with wgrad2, its column-wise codes (d_down's operand) from h
+    without writing act; the backward makes d_h's row-wise codes (the FP8 dgrad of GEMM1) and / or its
+    column-wise codes (d_gate_up's) from h and d_act. A bf16 act or d_h is written only where a BF16
+    GEMM reads it. Gradients: those of _Fp8GateUp, _SwiGLUOf and _Fp8Down, bit for bit."""
+
+    @staticmethod
+    def forward(ctx, x, gate_up, down, src_of_row, row_of, top_k, offsets, x_rows, w1_q, w1_s, w2_q, w2_s, w1t_q, w1t_s,
+                w2t_q, w2t_s, wgrad1, wgrad2, keep_act):
+        xt = None
+        if wgrad1:
+            xq = fp8.quantize_rowcol(x_rows, ACT_RECIPE)
+            x_q, x_s = xq.q, xq.scales
+            xt, x_rows = colwise_operand(xq), None
+        else:
+            x_q, x_s = ops.quantize_fp8(x_rows, ACT_RECIPE)
+        h = ops.grouped_mm_fp8(x_q, x_s, w1_q, w1_s, offsets)
+        del x_q, x_s
+        # act's codes straight from h; its bf16 values only for the BF16 weight gradient of down
+        act, a_q, a_s, at_q, at_s = ops.swiglu_quantize_fp8(h, None, True, wgrad2, keep_act and not wgrad2)
+        rows = ops.grouped_mm_fp8(a_q, a_s, w2_q, w2_s, offsets)
+        at = (at_q, at_s.t().contiguous()) if wgrad2 else (None, None)
+        ctx.save_for_backward(x, gate_up, down, src_of_row, row_of, offsets, x_rows, h,
+                              act if act.numel() else None, w1t_q, w1t_s, w2t_q, w2t_s, *(xt or (None, None)), *at)
+        ctx.top_k = top_k
+        ctx.set_materialize_grads(False)
+        return rows
+
+    @staticmethod
+    def backward(ctx, d_rows):
+        (x, gate_up, down, src_of_row, row_of, offsets, x_rows, h, act, w1t_q, w1t_s, w2t_q, w2t_s, xt_q, xt_s,
+         at_q, at_s) = ctx.saved_tensors
+        none = (None,) * 19
+        if d_rows is None:
+            return none
+        d_rows = d_rows.contiguous()
+        need_x, need_w1, need_w2 = ctx.needs_input_grad[:3]
+        need_h = need_x or need_w1
+        # GEMM2: d_act = d_rows @ down[e], d_down[e] = d_rows^T act
+        dgrad2 = w2t_q is not None and need_h
+        fp8_wgrad2 = at_q is not None and need_w2
+        g_row, g_col = _quantize_grad(d_rows, dgrad2, fp8_wgrad2)
+        d_act = d_down = None
+        if need_h:
+            if dgrad2:
+                d_act = ops.grouped_mm_fp8(*g_row, w2t_q, w2t_s, offsets)
+            else:
+                d_act = ops.grouped_mm(d_rows, None, 1, down, offsets, False)
+        if need_w2:
+            if fp8_wgrad2:
+                d_down = ops.grouped_mm_fp8_wgrad(*g_col, at_q, at_s, offsets)  # [E, H, I]
+            else:
+                d_down = ops.grouped_mm_wgrad(d_rows, act, None, 1, offsets)
+        del g_row, g_col
+        d_x = d_gate_up = None
+        if need_h:
+            # SwiGLU's backward with d_h quantised for the FP8 GEMMs that read it; bf16 d_h for the BF16 ones
+            dgrad1 = w1t_q is not None and need_x
+            fp8_wgrad1 = xt_q is not None and need_w1
+            bf16_x, bf16_w = need_x and not dgrad1, need_w1 and not fp8_wgrad1
+            if dgrad1 or fp8_wgrad1:
+                d_h, dq, ds, dqt, dst = ops.swiglu_quantize_fp8(h, d_act, dgrad1, fp8_wgrad1, bf16_x or bf16_w)
+            else:
+                d_h = ops.swiglu_backward(h, d_act)
+            del d_act
+            d_x, d_gate_up = gate_up_backward(d_h, x, src_of_row, row_of, ctx.top_k, gate_up, offsets, x_rows,
+                                              bf16_x, bf16_w)
+            if dgrad1:
+                d_x = ops.combine(ops.grouped_mm_fp8(dq, ds, w1t_q, w1t_s, offsets), row_of, src_of_row, None)
+            if fp8_wgrad1:
+                d_gate_up = ops.grouped_mm_fp8_wgrad(dqt, dst.t().contiguous(), xt_q, xt_s, offsets)  # [E, 2I, H]
+        return (d_x, d_gate_up, d_down) + none[3:]
+
+
 def check_blockwise_args(x, gate_up_proj):
     """The recipe's extra conditions, with errors that name the argument."""
     if x.dtype != torch.bfloat16:
@@ -237,6 +322,11 @@ def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj, fp8_dgrad
     # column-wise copies of x_rows and act only where a weight gradient will be taken
     wgrad1 = bool(fp8_wgrad and grad and gate_up_proj.requires_grad)
     wgrad2 = bool(fp8_wgrad and grad and down_proj.requires_grad)
+    if FUSED_SWIGLU_QUANT and not FUSED_GATE_UP:
+        keep_act = bool(grad and down_proj.requires_grad)  # the BF16 d_down reads act
+        rows = _Fp8Mlp.apply(x, gate_up_proj, down_proj, plan.src_of_row, plan.row_of, top_k, plan.offsets, x_rows,
+                             w1_q, w1_s, w2_q, w2_s, w1t_q, w1t_s, w2t_q, w2t_s, wgrad1, wgrad2, keep_act)
+        return ops.combine(rows, plan.row_of, plan.src_of_row, topk_w.to(acc).contiguous())
     h, act = _Fp8GateUp.apply(x, gate_up_proj, plan.src_of_row, plan.row_of, top_k, plan.offsets, x_rows, w1_q,
                               w1_s, w1t_q, w1t_s, wgrad1)
     del x_rows  # with fp8_wgrad only its FP8 copies live on

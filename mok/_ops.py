@@ -144,6 +144,21 @@ def _quantize_fp8_rowcol_fake(x, recipe):
     return q, scales, qt, x.new_empty(fp8_scale_shape(recipe, N, M), dtype=scale_dtype)
 
 
+@torch.library.register_fake("mok::swiglu_quantize_fp8")
+def _swiglu_quantize_fp8_fake(h, d_act, rows, cols, keep):
+    if not (rows or cols):
+        raise ValueError("mok.swiglu_quantize_fp8: rows and cols are both false: nothing to quantise")
+    R, N = h.shape[0], h.shape[1] if d_act is not None else h.shape[1] // 2
+    codes, f32 = torch.float8_e4m3fn, torch.float32
+    return (
+        h.new_empty((R, N) if keep else (0,)),
+        h.new_empty((R, N) if rows else (0,), dtype=codes),
+        h.new_empty(fp8_scale_shape("blockwise_1x128", R, N) if rows else (0,), dtype=f32),
+        h.new_empty((N, R) if cols else (0,), dtype=codes),
+        h.new_empty(fp8_scale_shape("blockwise_1x128", N, R) if cols else (0,), dtype=f32),
+    )
+
+
 @torch.library.register_fake("mok::qdq_mxfp8")
 def _qdq_mxfp8_fake(x, offsets, rows, cols):
     if not (rows or cols):
@@ -303,6 +318,7 @@ ALL_OPS = (
     "quantize_fp8",
     "dequantize_fp8",
     "quantize_fp8_rowcol",
+    "swiglu_quantize_fp8",
     "grouped_mm_fp8",
     "grouped_mm_fp8_swiglu",
     "grouped_mm_fp8_wgrad",

@@ -46,6 +46,11 @@ def op_cases(device):
                            for r in ("blockwise_1x128", "blockwise_128x128", "mxfp8")],
         "quantize_fp8_rowcol": [(torch.randn(130, 40, device=device, dtype=dt), r)
                                 for r in ("blockwise_1x128", "mxfp8") for dt in (torch.bfloat16, torch.float32)],
+        "swiglu_quantize_fp8": [(torch.randn(130, 256, device=device, dtype=torch.bfloat16), None, True, True, False),
+                                (torch.randn(130, 256, device=device, dtype=torch.bfloat16),
+                                 torch.randn(130, 128, device=device, dtype=torch.bfloat16), True, False, True),
+                                (torch.randn(9, 80, device=device), torch.randn(9, 40, device=device), False, True,
+                                 True)],
         "grouped_mm_fp8": [fp8_gemm_case(device)],
         "grouped_mm_fp8_swiglu": [fp8_gemm_case(device)],  # b's 256 rows: [gate | up] of I = 128
         "grouped_mm_fp8_wgrad": [fp8_wgrad_case(device)],
@@ -91,7 +96,7 @@ def test_every_op_has_a_case():
 def test_opcheck(device, name):
     # NOTE: opcheck's schema test does arithmetic on the inputs, which float8 tensors do not support.
     utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    kw = {"test_utils": utils} if name in ("dequantize_fp8", "grouped_mm_fp8", "grouped_mm_fp8_swiglu", "grouped_mm_fp8_wgrad") else {}
+    kw = {"test_utils": utils} if name in ("dequantize_fp8", "swiglu_quantize_fp8", "grouped_mm_fp8", "grouped_mm_fp8_swiglu", "grouped_mm_fp8_wgrad") else {}
     for args in op_cases(device)[name]:
         torch.library.opcheck(getattr(ops, name).default, args, **kw)
 

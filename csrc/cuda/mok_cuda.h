@@ -204,6 +204,23 @@ struct mok_quantize_fp8_rowcol_args {
 };
 int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol_args* args, cudaStream_t stream);
 
+/* SwiGLU (forward: act [R, I] from h [R, 2I]) or its gradient (backward: d_h [R, 2I] from h and d_act
+ * [R, I]) quantised 1 x 128 (blockwise_1x128) in the same pass: q / scales (row-wise) when q is set,
+ * qt / scales_t (column-wise, of the result's transpose) when qt is set, the bf16 result when out is
+ * set. Bit for bit mok_swiglu_{forward,backward}_cuda then mok_quantize_fp8{,_rowcol}_cuda. bf16;
+ * needs I % 128 == 0 and 16-byte aligned h, d_act and out. */
+struct mok_swiglu_quantize_fp8_args {
+    const void* h;     /* [R, 2I] */
+    const void* d_act; /* [R, I]; NULL: forward */
+    int64_t R, I;
+    void* out;         /* act [R, I] or d_h [R, 2I], or NULL */
+    uint8_t* q;        /* [R, N] (N = I forward, 2I backward), or NULL */
+    float* scales;     /* [R, N / 128] */
+    uint8_t* qt;       /* [N, R], or NULL */
+    float* scales_t;   /* [N, ceil(R / 128)] */
+};
+int mok_swiglu_quantize_fp8_cuda(const struct mok_swiglu_quantize_fp8_args* args, cudaStream_t stream);
+
 struct mok_dequantize_fp8_args {
     const uint8_t* q;
     const void* scales;

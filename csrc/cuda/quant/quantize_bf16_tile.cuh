@@ -84,12 +84,12 @@ struct tile_thread {
     int64_t m0, n0, r0, c;
 };
 
-__device__ __forceinline__ tile_thread tile_thread_of(const tile_args& a) {
+__device__ __forceinline__ tile_thread tile_thread_at(const tile_args& a, int tm, int tn) {
     tile_thread t;
     t.p = (int)threadIdx.x % kPieces;
     t.g = (int)threadIdx.x / kPieces;
-    t.tm = (int)blockIdx.x / a.nbn;
-    t.tn = (int)blockIdx.x - t.tm * a.nbn;
+    t.tm = tm;
+    t.tn = tn;
     t.m0 = (int64_t)t.tm * kTile;
     t.n0 = (int64_t)t.tn * kTile;
     t.r0 = t.m0 + 8 * t.g;
@@ -97,6 +97,12 @@ __device__ __forceinline__ tile_thread tile_thread_of(const tile_args& a) {
     t.rows = (int)(a.M - t.r0 < 0 ? 0 : (a.M - t.r0 > 8 ? 8 : a.M - t.r0));
     t.cols = (int)(a.N - t.c < 0 ? 0 : (a.N - t.c > 8 ? 8 : a.N - t.c));
     return t;
+}
+
+/* The CTA's tile in a launch of one CTA per tile, row-major over the tiles. */
+__device__ __forceinline__ tile_thread tile_thread_of(const tile_args& a) {
+    const int tm = (int)blockIdx.x / a.nbn;
+    return tile_thread_at(a, tm, (int)blockIdx.x - tm * a.nbn);
 }
 
 /* ---- packed bf16 helpers ---- */
@@ -360,20 +366,21 @@ struct rowcol_smem {
     uint2 codes_t[kTile][kChunks];
 };
 
-/* Row-wise (1xB along N) and column-wise (1xB along M, i.e. of x^T) from one read of x:
- * (q, scales) = quantize(x), (qt, scales_t) = quantize(x^T contiguous). */
-template <int B, bool kMx>
-__global__ void __launch_bounds__(kThreads) quantize_rowcol_bf16_kernel(const tile_args a) {
+/* Row-wise (1xB along N; kRows) and column-wise (1xB along M, i.e. of x^T; kCols) codes of the
+ * tile held in w (each thread its 8 x 8 block, rows past M and columns past N zero). Every thread of
+ * the CTA calls it; it may be called again for another tile with the same s (its first barrier
+ * comes after every thread has finished reading s the previous time). */
+template <int B, bool kMx, bool kRows, bool kCols>
+__device__ __forceinline__ void quantize_tile_block(const tile_args& a, const tile_thread& t, const uint32_t (&w)[8][4],
+                                                    rowcol_smem<B>& s) {
     enum { kGroup = B / 8, kColBlocks = kTile / B }; /* chunks per column block: 16 or 4; blocks per tile column */
-    __shared__ rowcol_smem<B> s;
-    const tile_thread t = tile_thread_of(a);
-    uint32_t w[8][4], rm[4], cm[4];
-    load_block(a, t, w);
+    uint32_t rm[4], cm[4];
     block_maxima(w, rm, cm);
-    s.part[t.g][t.p] = make_uint4(cm[0], cm[1], cm[2], cm[3]);
+    if (kCols) s.part[t.g][t.p] = make_uint4(cm[0], cm[1], cm[2], cm[3]);
 
     /* row-wise blocks, stored while the other warps catch up with the barrier */
-    quantize_rows<B, kMx>(a, t, w, rm);
+    if (kRows) quantize_rows<B, kMx>(a, t, w, rm);
+    if (!kCols) return;
     __syncthreads();
 
     /* column blocks' scales: one thread per (block, column); u -> piece pp (fastest), column c
@@ -433,6 +440,17 @@ __global__ void __launch_bounds__(kThreads) quantize_rowcol_bf16_kernel(const ti
                 if (m + j < a.M) dst[j] = (uint8_t)(words[j / 4] >> (8 * (j % 4)));
         }
     }
+}
+
+/* Row-wise (1xB along N) and column-wise (1xB along M, i.e. of x^T) from one read of x:
+ * (q, scales) = quantize(x), (qt, scales_t) = quantize(x^T contiguous). */
+template <int B, bool kMx>
+__global__ void __launch_bounds__(kThreads) quantize_rowcol_bf16_kernel(const tile_args a) {
+    __shared__ rowcol_smem<B> s;
+    const tile_thread t = tile_thread_of(a);
+    uint32_t w[8][4];
+    load_block(a, t, w);
+    quantize_tile_block<B, kMx, true, true>(a, t, w, s);
 }
 
 }  // namespace mok_qtile

@@ -1,0 +1,145 @@
+// swiglu_quantize_fp8: SwiGLU (d_act absent) or its gradient (d_act given) with the result quantised
+// blockwise 1 x 128 in the same op, for the FP8 layer (mok/_fp8_experts.py), which quantises act in
+// the forward and d_h in the backward as soon as they exist:
+//
+//   swiglu_quantize_fp8(h [R, 2I], d_act [R, I]?, rows, cols, keep)
+//     -> (out, q, scales, qt, scales_t)
+//   y = swiglu(h) [R, I] or swiglu_backward(h, d_act) [R, 2I] (N columns);
+//   (q [R, N] e4m3, scales [R, N / 128] f32)            = quantize_fp8(y, "blockwise_1x128")      if rows
+//   (qt [N, R] e4m3, scales_t [N, ceil(R / 128)] f32)   = quantize_fp8(y^T, "blockwise_1x128")    if cols
+//   out = y if keep. What is not asked for comes back as an empty tensor of its dtype.
+//
+// It is that composition by definition, and on the CPU and for other dtypes or shapes it runs that
+// way (the ops through the dispatcher). CUDA bf16 with I % 128 == 0 takes one kernel
+// (csrc/cuda/quant/swiglu_quantize_tile.cuh) that never writes y unless keep: the same bits.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <tuple>
+
+#ifdef MOK_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "../cuda/mok_cuda.h"
+#endif
+
+#include "checks.h"
+
+namespace mok {
+namespace {
+
+using Quantized = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+constexpr const char* kRecipe = "blockwise_1x128";
+constexpr int64_t kBlock = 128;
+
+at::Tensor call_swiglu(const at::Tensor& h) {
+    static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mok::swiglu", "").typed<at::Tensor(const at::Tensor&)>();
+    return op.call(h);
+}
+
+at::Tensor call_swiglu_backward(const at::Tensor& h, const at::Tensor& d_act) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("mok::swiglu_backward", "")
+                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+    return op.call(h, d_act);
+}
+
+std::tuple<at::Tensor, at::Tensor> call_quantize(const at::Tensor& x) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("mok::quantize_fp8", "")
+                         .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, c10::string_view)>();
+    return op.call(x, kRecipe);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_quantize_rowcol(const at::Tensor& x) {
+    static auto op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("mok::quantize_fp8_rowcol", "")
+            .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, c10::string_view)>();
+    return op.call(x, kRecipe);
+}
+
+at::Tensor nothing(const at::Tensor& like, at::ScalarType dtype) { return at::empty({0}, like.options().dtype(dtype)); }
+
+// The composition itself (the definition; CPU, other dtypes, I % 128 != 0).
+Quantized composed(const at::Tensor& h, const c10::optional<at::Tensor>& d_act, bool rows, bool cols, bool keep) {
+    const at::Tensor y = d_act.has_value() ? call_swiglu_backward(h, *d_act) : call_swiglu(h);
+    at::Tensor q = nothing(h, at::kFloat8_e4m3fn), scales = nothing(h, at::kFloat);
+    at::Tensor qt = nothing(h, at::kFloat8_e4m3fn), scales_t = nothing(h, at::kFloat);
+    if (cols) {
+        auto [rq, rs, cq, cs] = call_quantize_rowcol(y);
+        qt = cq;
+        scales_t = cs;
+        if (rows) {
+            q = rq;
+            scales = rs;
+        }
+    } else if (rows) {
+        std::tie(q, scales) = call_quantize(y);
+    }
+    return {keep ? y : nothing(h, h.scalar_type()), q, scales, qt, scales_t};
+}
+
+Quantized swiglu_quantize_fp8(const at::Tensor& h, const c10::optional<at::Tensor>& d_act, bool rows, bool cols,
+                              bool keep) {
+    const char* op = "mok.swiglu_quantize_fp8";
+    check_dim(h, 2, op, "h", "[rows, 2 * I]");
+    check_contiguous(h, op, "h");
+    to_mok_dtype(h, op, "h");
+    TORCH_CHECK_VALUE(h.size(1) % 2 == 0, op, ": h.shape[1] must be even ([gate | up]), got shape ", shape_str(h));
+    TORCH_CHECK_VALUE(rows || cols, op, ": rows and cols are both false: nothing to quantise");
+    const int64_t R = h.size(0), I = h.size(1) / 2;
+    if (d_act.has_value()) {
+        const at::Tensor& d = *d_act;
+        check_dim(d, 2, op, "d_act", "[rows, I]");
+        check_contiguous(d, op, "d_act");
+        check_dtype(d, h.scalar_type(), op, "d_act");
+        check_same_device(d, h, op, "d_act", "h");
+        check_size(d, 0, R, op, "d_act", "rows of h");
+        check_size(d, 1, I, op, "d_act", "half the width of h");
+    }
+#ifdef MOK_WITH_CUDA
+    const bool aligned = (reinterpret_cast<uintptr_t>(h.data_ptr()) % 16 == 0) &&
+                         (!d_act.has_value() || reinterpret_cast<uintptr_t>(d_act->data_ptr()) % 16 == 0);
+    if (h.is_cuda() && h.scalar_type() == at::kBFloat16 && I > 0 && I % kBlock == 0 && aligned) {
+        const int64_t N = d_act.has_value() ? 2 * I : I;
+        const auto codes = h.options().dtype(at::kFloat8_e4m3fn), f32 = h.options().dtype(at::kFloat);
+        at::Tensor out = keep ? at::empty({R, N}, h.options()) : nothing(h, h.scalar_type());
+        at::Tensor q = rows ? at::empty({R, N}, codes) : nothing(h, at::kFloat8_e4m3fn);
+        at::Tensor scales = rows ? at::empty({R, N / kBlock}, f32) : nothing(h, at::kFloat);
+        at::Tensor qt = cols ? at::empty({N, R}, codes) : nothing(h, at::kFloat8_e4m3fn);
+        at::Tensor scales_t = cols ? at::empty({N, (R + kBlock - 1) / kBlock}, f32) : nothing(h, at::kFloat);
+        if (R == 0) return {out, q, scales, qt, scales_t};
+        c10::cuda::CUDAGuard guard(h.device());
+        mok_swiglu_quantize_fp8_args a{};
+        a.h = h.data_ptr();
+        a.d_act = d_act.has_value() ? d_act->data_ptr() : nullptr;
+        a.R = R;
+        a.I = I;
+        a.out = keep ? out.data_ptr() : nullptr;
+        a.q = rows ? static_cast<uint8_t*>(q.data_ptr()) : nullptr;
+        a.scales = rows ? scales.data_ptr<float>() : nullptr;
+        a.qt = cols ? static_cast<uint8_t*>(qt.data_ptr()) : nullptr;
+        a.scales_t = cols ? scales_t.data_ptr<float>() : nullptr;
+        check_status(mok_swiglu_quantize_fp8_cuda(&a, at::cuda::getCurrentCUDAStream(h.device().index()).stream()), op);
+        return {out, q, scales, qt, scales_t};
+    }
+#endif
+    return composed(h, d_act, rows, cols, keep);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(mok, m) {
+    m.def("swiglu_quantize_fp8(Tensor h, Tensor? d_act, bool rows, bool cols, bool keep) -> (Tensor out, Tensor q, "
+          "Tensor scales, Tensor qt, Tensor scales_t)");
+}
+
+TORCH_LIBRARY_IMPL(mok, CPU, m) { m.impl("swiglu_quantize_fp8", &swiglu_quantize_fp8); }
+
+#ifdef MOK_WITH_CUDA
+TORCH_LIBRARY_IMPL(mok, CUDA, m) { m.impl("swiglu_quantize_fp8", &swiglu_quantize_fp8); }
+#endif
+
+}  // namespace mok

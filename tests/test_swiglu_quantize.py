@@ -1,0 +1,99 @@
+"""torch.ops.mok.swiglu_quantize_fp8: SwiGLU (forward) or its gradient (backward) with the result
+quantised blockwise 1 x 128, row-wise and / or column-wise, in one op. It is defined as the
+composition swiglu / swiglu_backward then quantize_fp8 / quantize_fp8_rowcol (each tested against
+mok.reference elsewhere); on the GPU one kernel makes it (csrc/cuda/quant/swiglu_quantize_tile.cuh),
+which must give the composition's codes, scales and bf16 values bit for bit: ragged row counts (R not
+a multiple of 128 or 16, R = 0, R = 1), widths of one and several 128-column blocks, rows of zeros,
+large values (saturating exp), NaN and Inf, every combination of rows / cols / keep. On the CPU the
+op is the composition itself; these tests then check its shapes and options."""
+import pytest
+import torch
+
+from conftest import DEVICES
+from mok._ops import ops
+
+RECIPE = "blockwise_1x128"
+SHAPES = [(0, 128), (1, 128), (13, 256), (128, 128), (200, 384), (515, 128)]
+FLAGS = [(True, False, False), (False, True, False), (True, True, False), (True, True, True), (True, False, True),
+         (False, True, True)]
+
+
+def make_h(R, I, device, special):
+    h = torch.randn(R, 2 * I, device=device) * 3
+    if special and R > 4:
+        h[1] = 0                             # a row of zeros
+        h[2, : I // 2] = 90.0                # exp(-g) underflows / saturates
+        h[3, 5] = float("nan")
+        h[4, I + 7] = float("inf")
+        h[0, :: 17] *= 1e-30                 # tiny values
+    return h.to(torch.bfloat16)
+
+
+def composed(h, d_act, rows, cols):
+    """(y, q, scales, qt, scales_t) by the separate ops."""
+    y = ops.swiglu(h) if d_act is None else ops.swiglu_backward(h, d_act)
+    q = s = qt = st = None
+    if cols:
+        q, s, qt, st = ops.quantize_fp8_rowcol(y, RECIPE)
+    if rows and not cols:
+        q, s = ops.quantize_fp8(y, RECIPE)
+    return y, q, s, qt, st
+
+
+def same_bits(a, b):
+    if a.dtype == torch.float8_e4m3fn:
+        a, b = a.view(torch.uint8), b.view(torch.uint8)
+    elif a.dtype == torch.bfloat16:
+        a, b = a.view(torch.int16), b.view(torch.int16)
+    elif a.dtype == torch.float32:
+        a, b = a.view(torch.int32), b.view(torch.int32)
+    return a.shape == b.shape and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("R,I", SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+@pytest.mark.parametrize("special", [False, True], ids=["randn", "special"])
+def test_matches_the_composition_bit_for_bit(device, R, I, backward, special):
+    h = make_h(R, I, device, special)
+    d_act = (torch.randn(R, I, device=device) * 2).to(torch.bfloat16) if backward else None
+    N = 2 * I if backward else I
+    y, q, s, qt, st = composed(h, d_act, True, True)
+    for rows, cols, keep in FLAGS:
+        out = ops.swiglu_quantize_fp8(h, d_act, rows, cols, keep)
+        what = f"R={R} I={I} backward={backward} rows={rows} cols={cols} keep={keep}"
+        want = [y if keep else None, q if rows else None, s if rows else None, qt if cols else None,
+                st if cols else None]
+        for name, got, ref in zip(("out", "q", "scales", "qt", "scales_t"), out, want):
+            if ref is None:
+                assert got.numel() == 0, f"{what}: {name} was not asked for, got shape {tuple(got.shape)}"
+            else:
+                assert same_bits(got, ref), f"{what}: {name} differs from the composition"
+        if keep:
+            assert out[0].shape == (R, N)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_other_widths_and_dtypes_take_the_composition(device):
+    # I % 128 != 0 and float32: the composition on every device (the kernel needs whole 128-column blocks)
+    for h in (torch.randn(33, 80, device=device, dtype=torch.bfloat16), torch.randn(9, 256, device=device)):
+        d_act = torch.randn(h.shape[0], h.shape[1] // 2, device=device, dtype=h.dtype)
+        for da in (None, d_act):
+            out = ops.swiglu_quantize_fp8(h, da, True, True, True)
+            for got, ref in zip(out, composed(h, da, True, True)):
+                assert same_bits(got, ref)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_input_names_the_argument(device):
+    h = torch.randn(4, 256, device=device, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="rows and cols are both false"):
+        ops.swiglu_quantize_fp8(h, None, False, False, True)
+    with pytest.raises(ValueError, match="h.shape\\[1\\] must be even"):
+        ops.swiglu_quantize_fp8(torch.randn(4, 255, device=device, dtype=torch.bfloat16), None, True, False, False)
+    with pytest.raises(ValueError, match="d_act.shape\\[1\\] must be 128"):
+        ops.swiglu_quantize_fp8(h, torch.randn(4, 64, device=device, dtype=torch.bfloat16), True, False, False)
+    with pytest.raises(ValueError, match="d_act must be"):
+        ops.swiglu_quantize_fp8(h, torch.randn(4, 128, device=device), True, False, False)
+    with pytest.raises(ValueError, match="h must be contiguous"):
+        ops.swiglu_quantize_fp8(torch.randn(256, 4, device=device, dtype=torch.bfloat16).t(), None, True, False, False)
