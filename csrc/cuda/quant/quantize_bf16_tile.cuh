@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_bf16_kernel(const tile
 }
 
 /* 128 x 128 blocks (fp32 scales): the tile is the block. */
-__global__ void __launch_bounds__(kThreads) quantize_tile128_bf16_kernel(const tile_args a) {
+static __global__ void __launch_bounds__(kThreads) quantize_tile128_bf16_kernel(const tile_args a) {
     __shared__ uint32_t s_max[kThreads / 32];
     const tile_thread t = tile_thread_of(a);
     const int lane = (int)threadIdx.x % 32, warp = (int)threadIdx.x / 32;
