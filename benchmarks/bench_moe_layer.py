@@ -6,7 +6,8 @@ GEMMs of the backward in FP8 too, 'mok_fp8_all' with the two weight-gradient GEM
 (fp8_dgrad=True, fp8_wgrad=True: every expert GEMM in FP8), 'mok_fp8_all_fused' the same with the
 forward's GEMM1 as the fused SwiGLU GEMM instead of the plain FP8 GEMM then the SwiGLU op (same bits),
 'mok_fp8_dgrad_3nodes' and 'mok_fp8_all_3nodes' with SwiGLU and the quantisations of act and d_h as
-separate ops (mok._fp8_experts.FUSED_SWIGLU_QUANT = False: the path before v39, same bits), 'mok_mxfp8' recipe="mxfp8" (every GEMM
+separate ops (mok._fp8_experts.FUSED_SWIGLU_QUANT = False: the path before v39, same bits),
+'mok_fp8_all_fwdfused' fused in the forward only (FUSED_SWIGLU_QUANT_BACKWARD = False), 'mok_mxfp8' recipe="mxfp8" (every GEMM
 on MXFP8-rounded operands, run on the BF16 kernels), all compared with the BF16 layers at the FP8
 tolerance; 'vs mok' is mok's BF16 fwd+bwd time over the row's.
 
@@ -57,7 +58,7 @@ ROUTINGS = ("balanced", "skewed")
 ZIPF_EXPONENT = 1.2
 # eager first: the reference for errors and ratios
 IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_fp8_all_fused", "mok_fp8_dgrad_3nodes",
-         "mok_fp8_all_3nodes",
+         "mok_fp8_all_3nodes", "mok_fp8_all_fwdfused",
          "mok_mxfp8", "compiled", "naive")
 NAIVE_MAX_S = 1.0  # --naive auto: time the naive loop only if one fwd+bwd takes less than this
 ERR_TOL = 2e-2
@@ -317,6 +318,9 @@ def impl_table(dev, compiled=False):
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True)),
              "mok_fp8_all_3nodes": _three_nodes(functools.partial(
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True)),
+             "mok_fp8_all_fwdfused": _with_setting(functools.partial(
+                 mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True),
+                 "FUSED_SWIGLU_QUANT_BACKWARD", False),
              "mok_mxfp8": functools.partial(mok.functional.moe_experts, recipe="mxfp8"),
              "naive": baselines.naive_experts}
     if compiled:

@@ -10,6 +10,8 @@
 #   SKIP_TESTS=1 ROUNDS=3 bash benchmarks/run_fp8_session.sh
 # SKIP_LAYER=1 leaves out the layer run (about 1 minute on the H200; a second call can run it);
 # SKIP_GEMM=1 leaves out bench_gemm_fp8.py (about 1.5 minutes). TAILS and TRACE run either way.
+# LAYER_IMPLS=a,b,... replaces the layer run's impls. SQ_TIMING=1 also times the SwiGLU + quantisation
+# kernels' variants stand-alone (benchmarks/swiglu_quant_timing.cu; $OUT/swiglu_quant_timing.txt).
 # TAILS=1 also measures how far the FP8 layer's y and gradients land from the emulation over 150 seeds
 # ($OUT/fp8_tails.md; tests/test_fp8_experts.py's tolerances).
 # TRACE=1 also traces the Qwen3 layer kernel by kernel in BF16, FP8 dgrad and all-FP8 ($OUT/trace_qwen3_fp8.txt).
@@ -35,6 +37,13 @@ echo "bench_quant ($((SECONDS - T0)) s):"; grep -E "copy|rowcol" "$OUT/bench_qua
 timeout 90 python3 benchmarks/bench_swiglu_quant.py --out /tmp/mok_bench_swiglu_quant.json > /tmp/mok_bench_swiglu_quant.txt 2>&1
 cp /tmp/mok_bench_swiglu_quant.md "$OUT/bench_swiglu_quant.md" 2>/dev/null || tail -20 /tmp/mok_bench_swiglu_quant.txt
 echo "bench_swiglu_quant ($((SECONDS - T0)) s):"; grep -E "^\| (qwen3|mixtral|dsv3)" "$OUT/bench_swiglu_quant.md" | cut -c1-120
+
+if [ -n "${SQ_TIMING:-}" ]; then
+    # the SwiGLU + quantisation kernels' variants, stand-alone (v39)
+    nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -o /tmp/mok_sqt benchmarks/swiglu_quant_timing.cu &&
+        /tmp/mok_sqt > "$OUT/swiglu_quant_timing.txt" 2>&1
+    echo "swiglu_quant_timing ($((SECONDS - T0)) s):"; cat "$OUT/swiglu_quant_timing.txt"
+fi
 
 if [ -n "${SWIGLU_WIDTHS:-}" ]; then
     nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -o /tmp/mok_fp8_check \
@@ -70,7 +79,7 @@ if [ -z "${SKIP_GEMM:-}" ]; then
 fi
 
 [ -z "${SKIP_LAYER:-}" ] && timeout 200 python3 benchmarks/bench_moe_layer.py --shapes qwen3_30b_a3b,mixtral_8x7b,dsv3_ep8_slice \
-    --routing balanced --impls eager,mok,mok_fp8_dgrad,mok_fp8_dgrad_3nodes,mok_fp8_all,mok_fp8_all_3nodes,mok_fp8_all_fused --naive off \
+    --routing balanced --impls ${LAYER_IMPLS:-eager,mok,mok_fp8_dgrad,mok_fp8_dgrad_3nodes,mok_fp8_all,mok_fp8_all_3nodes,mok_fp8_all_fwdfused} --naive off \
     --rounds "${ROUNDS:-2}" --out /tmp/mok_bench_moe_layer.json > /tmp/mok_bench_moe_layer.txt 2>&1
 if [ -z "${SKIP_LAYER:-}" ]; then
     cp /tmp/mok_bench_moe_layer.md "$OUT/bench_moe_layer.md" 2>/dev/null || tail -20 /tmp/mok_bench_moe_layer.txt

@@ -64,6 +64,9 @@ FUSED_GATE_UP = False
 # SwiGLU and each quantisation on its own. The same bits either way. FUSED_GATE_UP=True takes
 # the three nodes (its GEMM1 writes act itself).
 FUSED_SWIGLU_QUANT = True
+# With FUSED_SWIGLU_QUANT, the backward's SwiGLU fused with d_h's quantisation too (True) or SwiGLU's
+# backward then the quantisation (False).
+FUSED_SWIGLU_QUANT_BACKWARD = True
 
 
 def _gate_up_fp8(a_q, a_s, w_q, w_s, offsets):
@@ -226,8 +229,10 @@ class _Fp8Mlp(torch.autograd.Function):
     GEMM reads it. Gradients: those of _Fp8GateUp, _SwiGLUOf and _Fp8Down, bit for bit."""
 
     @staticmethod
-    def forward(ctx, x, gate_up, down, src_of_row, row_of, top_k, offsets, x_rows, w1_q, w1_s, w2_q, w2_s, w1t_q, w1t_s,
+    def forward(ctx, x, gate_up, down, src_of_row, row_of, top_k, offsets, w1_q, w1_s, w2_q, w2_s, w1t_q, w1t_s,
                 w2t_q, w2t_s, wgrad1, wgrad2, keep_act):
+        # gathered here, so that with wgrad1 only its FP8 copies outlive GEMM1
+        x_rows = ops.gather_rows(x, src_of_row, None, top_k, row_of)
         xt = None
         if wgrad1:
             xq = fp8.quantize_rowcol(x_rows, ACT_RECIPE)
@@ -251,7 +256,7 @@ class _Fp8Mlp(torch.autograd.Function):
     def backward(ctx, d_rows):
         (x, gate_up, down, src_of_row, row_of, offsets, x_rows, h, act, w1t_q, w1t_s, w2t_q, w2t_s, xt_q, xt_s,
          at_q, at_s) = ctx.saved_tensors
-        none = (None,) * 19
+        none = (None,) * 18
         if d_rows is None:
             return none
         d_rows = d_rows.contiguous()
@@ -279,17 +284,19 @@ class _Fp8Mlp(torch.autograd.Function):
             dgrad1 = w1t_q is not None and need_x
             fp8_wgrad1 = xt_q is not None and need_w1
             bf16_x, bf16_w = need_x and not dgrad1, need_w1 and not fp8_wgrad1
-            if dgrad1 or fp8_wgrad1:
+            if (dgrad1 or fp8_wgrad1) and FUSED_SWIGLU_QUANT_BACKWARD:
                 d_h, dq, ds, dqt, dst = ops.swiglu_quantize_fp8(h, d_act, dgrad1, fp8_wgrad1, bf16_x or bf16_w)
+                dst = dst.t().contiguous() if fp8_wgrad1 else None
             else:
                 d_h = ops.swiglu_backward(h, d_act)
+                (dq, ds), (dqt, dst) = [t or (None, None) for t in _quantize_grad(d_h, dgrad1, fp8_wgrad1)]
             del d_act
             d_x, d_gate_up = gate_up_backward(d_h, x, src_of_row, row_of, ctx.top_k, gate_up, offsets, x_rows,
                                               bf16_x, bf16_w)
             if dgrad1:
                 d_x = ops.combine(ops.grouped_mm_fp8(dq, ds, w1t_q, w1t_s, offsets), row_of, src_of_row, None)
             if fp8_wgrad1:
-                d_gate_up = ops.grouped_mm_fp8_wgrad(dqt, dst.t().contiguous(), xt_q, xt_s, offsets)  # [E, 2I, H]
+                d_gate_up = ops.grouped_mm_fp8_wgrad(dqt, dst, xt_q, xt_s, offsets)  # [E, 2I, H]
         return (d_x, d_gate_up, d_down) + none[3:]
 
 
@@ -311,7 +318,6 @@ def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj, fp8_dgrad
     x = x.contiguous()
     # the FP8 GEMM reads rows of A by TMA: one gathered copy of the token rows (also the BF16 weight
     # gradient's operand)
-    x_rows = ops.gather_rows(x.detach(), plan.src_of_row, None, top_k, plan.row_of)
     w1_q, w1_s = cached_expert_weight(gate_up_proj)
     w2_q, w2_s = cached_expert_weight(down_proj)
     w1t_q = w1t_s = w2t_q = w2t_s = None
@@ -324,9 +330,10 @@ def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj, fp8_dgrad
     wgrad2 = bool(fp8_wgrad and grad and down_proj.requires_grad)
     if FUSED_SWIGLU_QUANT and not FUSED_GATE_UP:
         keep_act = bool(grad and down_proj.requires_grad)  # the BF16 d_down reads act
-        rows = _Fp8Mlp.apply(x, gate_up_proj, down_proj, plan.src_of_row, plan.row_of, top_k, plan.offsets, x_rows,
+        rows = _Fp8Mlp.apply(x, gate_up_proj, down_proj, plan.src_of_row, plan.row_of, top_k, plan.offsets,
                              w1_q, w1_s, w2_q, w2_s, w1t_q, w1t_s, w2t_q, w2t_s, wgrad1, wgrad2, keep_act)
         return ops.combine(rows, plan.row_of, plan.src_of_row, topk_w.to(acc).contiguous())
+    x_rows = ops.gather_rows(x.detach(), plan.src_of_row, None, top_k, plan.row_of)
     h, act = _Fp8GateUp.apply(x, gate_up_proj, plan.src_of_row, plan.row_of, top_k, plan.offsets, x_rows, w1_q,
                               w1_s, w1t_q, w1t_s, wgrad1)
     del x_rows  # with fp8_wgrad only its FP8 copies live on

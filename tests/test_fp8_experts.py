@@ -131,23 +131,26 @@ def test_blockwise_experts_match_the_fp8_emulation(device, case):
 @pytest.mark.parametrize("needs", ["all", "no_x", "down_only", "x_only"])
 def test_swiglu_quant_node_and_three_nodes_give_the_same_bits(monkeypatch, device, case, fp8_dgrad, fp8_wgrad,
                                                                needs):
-    # FUSED_SWIGLU_QUANT: one node with SwiGLU and the quantisation of its result fused both ways (True,
-    # the default) or the three nodes (False); y and every gradient must be bitwise the same, whichever
-    # inputs want a gradient (each option writes different bf16 copies and codes).
+    # FUSED_SWIGLU_QUANT: one node with SwiGLU and the quantisation of its result fused in the forward
+    # and (FUSED_SWIGLU_QUANT_BACKWARD) in the backward, or the three nodes (False); y and every gradient
+    # must be bitwise the same, whichever inputs want a gradient (each option writes different bf16
+    # copies and codes).
     x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16, device=device, requires_grad=True)
     wants = {"all": (x, w, gu, dn), "no_x": (w, gu, dn), "down_only": (dn,), "x_only": (x,)}[needs]
     for t in (x, w, gu, dn):
         t.requires_grad_(any(t is u for u in wants))
     results, g = [], None
-    for fused in (True, False):
+    for fused, fused_backward in ((True, True), (True, False), (False, False)):
         monkeypatch.setattr(mok._fp8_experts, "FUSED_SWIGLU_QUANT", fused)
+        monkeypatch.setattr(mok._fp8_experts, "FUSED_SWIGLU_QUANT_BACKWARD", fused_backward)
         y = mok.functional.moe_experts(x, idx, w, gu, dn, recipe="blockwise", fp8_dgrad=fp8_dgrad,
                                        fp8_wgrad=fp8_wgrad)
         if g is None:
             g = torch.randn_like(y)
         results.append([y] + list(torch.autograd.grad(y, wants, g)))
-    for a, b in zip(*results):
-        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{case}: outputs or gradients differ"
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{case}: outputs or gradients differ"
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -14,13 +14,18 @@
 
 namespace {
 
+enum { kMinBlocks = 2 }; /* CTAs per SM (v39: benchmarks/swiglu_quant_timing.cu) */
+
 template <bool kBackward>
 void launch(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_args& sw, bool rows, bool cols,
             unsigned grid, cudaStream_t stream) {
     using namespace mok_qtile;
-    if (rows && cols) swiglu_quantize_bf16_kernel<kBackward, true, true><<<grid, kThreads, 0, stream>>>(t, sw);
-    else if (rows) swiglu_quantize_bf16_kernel<kBackward, true, false><<<grid, kThreads, 0, stream>>>(t, sw);
-    else swiglu_quantize_bf16_kernel<kBackward, false, true><<<grid, kThreads, 0, stream>>>(t, sw);
+    if (rows && cols)
+        swiglu_quantize_bf16_kernel<kBackward, true, true, kMinBlocks><<<grid, kThreads, 0, stream>>>(t, sw);
+    else if (rows)
+        swiglu_quantize_bf16_kernel<kBackward, true, false, kMinBlocks><<<grid, kThreads, 0, stream>>>(t, sw);
+    else
+        swiglu_quantize_bf16_kernel<kBackward, false, true, kMinBlocks><<<grid, kThreads, 0, stream>>>(t, sw);
 }
 
 }  // namespace
@@ -34,9 +39,9 @@ extern "C" int mok_swiglu_quantize_fp8_cuda(const struct mok_swiglu_quantize_fp8
     MOK_CHECK_ARG(!cols || a->scales_t != NULL);
     if (a->R == 0) return 0;
     MOK_CHECK_ARG(a->h != NULL && mok_aligned16(a->h, a->d_act, a->out));
-    const int64_t tiles = tile_count(a->R, a->I);
-    MOK_CHECK_ARG(tiles <= MOK_INT32_LIMIT);
     const int64_t N = backward ? 2 * a->I : a->I;
+    const int64_t tiles = tile_count(a->R, N); /* of the output */
+    MOK_CHECK_ARG(tiles <= MOK_INT32_LIMIT);
     const tile_args t = tile_args_of(NULL, a->R, N, a->q, a->scales, a->qt, a->scales_t);
     swiglu_tile_args sw;
     sw.h = static_cast<const __nv_bfloat16*>(a->h);

@@ -7,12 +7,12 @@
  * quantize_rowcol_bf16_kernel quantises that bf16 tensor; the bf16 result itself is stored only
  * when asked for. So the codes are those of quantize_rowcol(swiglu(h)) bit for bit, without the
  * bf16 result's round trip through memory: per (r, j) the forward moves 4 + 1 + 1 bytes instead of
- * 4 + 2 (SwiGLU) + 2 + 1 + 1 (rowcol), the backward 4 + 2 + 2 + 2 instead of 4 + 2 + 4 + 4 + 2 + 2.
+ * 4 + 2 (SwiGLU) + 2 + 1 + 1 (rowcol), the backward 10 + 2 + 2 instead of 4 + 2 + 4 (SwiGLU) + 4 + 2 + 2.
  *
  * One CTA per 128 x 128 tile of [R, I] (I % 128 == 0, 16-byte aligned h and d_act), each thread its
- * 8 x 8 block as in quantize_bf16_tile.cuh. The backward's CTA makes two output tiles, d_gate at
- * columns [n0, n0 + 128) of d_h and d_up at [I + n0, I + n0 + 128), one after the other with the
- * same shared memory (d_up's second read of g and d_act comes from L2). Rows past R compute as zeros (SwiGLU
+ * 8 x 8 block as in quantize_bf16_tile.cuh; the backward's tiles are d_h's, a d_gate tile at
+ * columns [n0, n0 + 128) reading g, u and d_act, a d_up tile at [I + n0, I + n0 + 128) reading g and
+ * d_act (10 bytes read per (r, j) instead of 6, still less than the bf16 d_h's round trip). Rows past R compute as zeros (SwiGLU
  * and its gradient of zeros are zeros), which leave every amax unchanged, and are never stored.
  */
 #ifndef MOK_CUDA_QUANT_SWIGLU_QUANTIZE_TILE_CUH
@@ -106,20 +106,22 @@ __device__ __forceinline__ void swiglu_quantize_tile(const tile_args& a, const s
 }
 
 /* a: the output's tile_args (M = R; N = I forward, 2I backward; x unused). kRows / kCols: which
- * copies (blockwise 1 x 128, fp32 scales). Grid: one CTA per 128 x 128 tile of [R, I]; the
- * backward's CTA makes d_gate, then d_up (reading g and d_act again, from L2: holding both blocks
- * took 255 registers, one CTA per SM). */
-template <bool kBackward, bool kRows, bool kCols>
-__global__ void __launch_bounds__(kThreads, 2) swiglu_quantize_bf16_kernel(const tile_args a, const swiglu_tile_args sw) {
+ * copies (blockwise 1 x 128, fp32 scales). Grid: one CTA per 128 x 128 tile of the output: act's
+ * (forward) or d_h's (backward: d_gate's tiles read g, u and d_act, d_up's g and d_act).
+ * kMinBlocks: CTAs per SM the registers must allow. Measured on an H200 (v39,
+ * benchmarks/swiglu_quant_timing.cu): 2 (128 registers) is the fastest; 3 and 4 spill, 1 leaves too
+ * few warps to cover the loads. A backward CTA that made both halves (reading g and d_act once) was
+ * 2x slower: it held twice the state or read the second half's inputs after the first's barriers. */
+template <bool kBackward, bool kRows, bool kCols, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_quantize_bf16_kernel(const tile_args a,
+                                                                                    const swiglu_tile_args sw) {
     __shared__ rowcol_smem<128> s;
-    const int nbn = (int)(sw.I / kTile); /* tiles along I */
-    const int tm = (int)blockIdx.x / nbn, tn = (int)blockIdx.x - tm * nbn;
-    if (!kBackward) {
-        swiglu_quantize_tile<kAct, kRows, kCols>(a, sw, tm, tn, s);
-        return;
-    }
-    swiglu_quantize_tile<kGate, kRows, kCols>(a, sw, tm, tn, s);
-    swiglu_quantize_tile<kUp, kRows, kCols>(a, sw, tm, tn, s);
+    const int nbn = (int)(sw.I / kTile);               /* tiles along I */
+    const int nbg = kBackward ? 2 * nbn : nbn;         /* the grid's tiles along the output's columns */
+    const int tm = (int)blockIdx.x / nbg, tg = (int)blockIdx.x - tm * nbg;
+    if (!kBackward) swiglu_quantize_tile<kAct, kRows, kCols>(a, sw, tm, tg, s);
+    else if (tg < nbn) swiglu_quantize_tile<kGate, kRows, kCols>(a, sw, tm, tg, s);
+    else swiglu_quantize_tile<kUp, kRows, kCols>(a, sw, tm, tg - nbn, s);
 }
 
 }  // namespace mok_qtile

@@ -1,0 +1,148 @@
+/*
+ * Stand-alone timing of the SwiGLU + quantisation kernels (csrc/cuda/quant/swiglu_quantize_tile.cuh)
+ * in their compile-time variants, against the plain rowcol quantiser of the same output and a copy,
+ * on the layer shapes' h [R, 2I] and d_act [R, I] (random bf16). Every variant's codes and scales are
+ * compared byte for byte with the first variant's (they must agree: the same arithmetic).
+ *
+ *   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -o /tmp/sqt benchmarks/swiglu_quant_timing.cu
+ *   /tmp/sqt [R I]...          # default: Qwen3 (131072 768), Mixtral (16384 14336), DeepSeek-V3 (65536 2048)
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "quant/swiglu_quantize_tile.cuh"
+
+using namespace mok_qtile;
+
+#define CK(x)                                                                             \
+    do {                                                                                  \
+        cudaError_t e = (x);                                                              \
+        if (e != cudaSuccess) {                                                           \
+            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));     \
+            exit(1);                                                                      \
+        }                                                                                 \
+    } while (0)
+
+__global__ void fill_kernel(uint16_t* p, int64_t n, uint32_t seed) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint32_t x = (uint32_t)i * 2654435761u ^ seed;
+        x ^= x >> 13;
+        x *= 0x5bd1e995u;
+        x ^= x >> 15;
+        /* bf16 in about [-4, 4]: sign, exponent 120..129, random mantissa */
+        p[i] = (uint16_t)((x & 0x8000u) | ((120u + (x >> 16) % 10u) << 7) | ((x >> 4) & 0x7Fu));
+    }
+}
+
+__global__ void copy_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) b[i] = a[i];
+}
+
+struct Out {
+    uint8_t *q, *qt;
+    float *s, *st;
+};
+
+template <typename F>
+float time_ms(F launch, int iters = 20) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int i = 0; i < 3; ++i) launch();
+    CK(cudaEventRecord(a));
+    for (int i = 0; i < iters; ++i) launch();
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms = 0.f;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    CK(cudaGetLastError());
+    return ms / iters;
+}
+
+static std::vector<uint8_t> host_bytes(const void* p, size_t n) {
+    std::vector<uint8_t> v(n);
+    CK(cudaMemcpy(v.data(), p, n, cudaMemcpyDeviceToHost));
+    return v;
+}
+
+int main(int argc, char** argv) {
+    std::vector<int64_t> probs = {131072, 768, 16384, 14336, 65536, 2048};
+    if (argc > 2) {
+        probs.clear();
+        for (int i = 1; i + 1 < argc; i += 2) {
+            probs.push_back(atoll(argv[i]));
+            probs.push_back(atoll(argv[i + 1]));
+        }
+    }
+    for (size_t pi = 0; pi < probs.size(); pi += 2) {
+        const int64_t R = probs[pi], I = probs[pi + 1];
+        __nv_bfloat16 *h, *da, *y;
+        CK(cudaMalloc(&h, R * 2 * I * 2));
+        CK(cudaMalloc(&da, R * I * 2));
+        CK(cudaMalloc(&y, R * 2 * I * 2));
+        fill_kernel<<<1024, 256>>>((uint16_t*)h, R * 2 * I, 1234u);
+        fill_kernel<<<1024, 256>>>((uint16_t*)da, R * I, 777u);
+        fill_kernel<<<1024, 256>>>((uint16_t*)y, R * 2 * I, 99u);
+        Out o;
+        CK(cudaMalloc(&o.q, R * 2 * I));
+        CK(cudaMalloc(&o.qt, R * 2 * I));
+        CK(cudaMalloc(&o.s, R * 2 * I / 128 * 4));
+        CK(cudaMalloc(&o.st, 2 * I * ((R + 127) / 128) * 4));
+        const double copy_ms = time_ms([&] { copy_kernel<<<132 * 8, 256>>>((const uint4*)h, (uint4*)y, R * 2 * I * 2 / 16); });
+        const double copy_tbps = 2.0 * R * 2 * I * 2 / copy_ms / 1e9;
+        printf("R=%lld I=%lld: copy of h %.3f ms (%.2f TB/s)\n", (long long)R, (long long)I, copy_ms, copy_tbps);
+        for (int backward = 0; backward < 2; ++backward) {
+            const int64_t N = backward ? 2 * I : I;
+            const tile_args t = tile_args_of(NULL, R, N, o.q, o.s, o.qt, o.st);
+            swiglu_tile_args sw;
+            sw.h = h;
+            sw.d_act = backward ? da : NULL;
+            sw.out = NULL;
+            sw.I = I;
+            const unsigned tiles = (unsigned)tile_count(R, N); /* of the output */
+            /* the plain rowcol of a bf16 tensor of the output's shape: the second of the two ops */
+            const tile_args tp = tile_args_of(y, R, N, o.q, o.s, o.qt, o.st);
+            const double rowcol_ms = time_ms([&] {
+                quantize_rowcol_bf16_kernel<128, false><<<(unsigned)tile_count(R, N), kThreads>>>(tp);
+            });
+            const double bytes = (backward ? 6.0 : 4.0) * R * I + 2.0 * R * N + 8.0 * R * N / 128;
+            printf("  %s: rowcol of a bf16 [R, %lld] alone %.3f ms\n", backward ? "bwd" : "fwd", (long long)N, rowcol_ms);
+            std::vector<uint8_t> ref_q, ref_qt;
+            struct V {
+                const char* name;
+                void (*k)(const tile_args, const swiglu_tile_args);
+            };
+            std::vector<V> vs;
+            if (!backward) {
+                vs = {{"fwd min2", swiglu_quantize_bf16_kernel<false, true, true, 2>},
+                      {"fwd min3", swiglu_quantize_bf16_kernel<false, true, true, 3>},
+                      {"fwd min1", swiglu_quantize_bf16_kernel<false, true, true, 1>}};
+            } else {
+                vs = {{"bwd min2", swiglu_quantize_bf16_kernel<true, true, true, 2>},
+                      {"bwd min3", swiglu_quantize_bf16_kernel<true, true, true, 3>},
+                      {"bwd min1", swiglu_quantize_bf16_kernel<true, true, true, 1>}};
+            }
+            for (const V& v : vs) {
+                CK(cudaMemset(o.q, 0, R * N));
+                CK(cudaMemset(o.qt, 0, R * N));
+                const double ms = time_ms([&] { v.k<<<tiles, kThreads>>>(t, sw); });
+                std::vector<uint8_t> q = host_bytes(o.q, R * N), qt = host_bytes(o.qt, R * N);
+                const char* same = "ref";
+                if (ref_q.empty()) {
+                    ref_q = q;
+                    ref_qt = qt;
+                } else {
+                    same = (q == ref_q && qt == ref_qt) ? "same" : "DIFFERENT";
+                }
+                printf("    %-16s %.3f ms  %.2f TB/s  %.2f of copy  codes %s\n", v.name, ms, bytes / ms / 1e9,
+                       bytes / ms / 1e9 / copy_tbps, same);
+            }
+        }
+        cudaFree(h), cudaFree(da), cudaFree(y), cudaFree(o.q), cudaFree(o.qt), cudaFree(o.s), cudaFree(o.st);
+    }
+    return 0;
+}
