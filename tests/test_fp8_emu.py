@@ -1,4 +1,4 @@
-"""The bf16 FP8 tile kernels (csrc/cuda/quant/quantize_bf16_tile.cuh) on the CPU: tests/emu/ runs
+"""The bf16 FP8 tile kernels (csrc/cuda/quant/quantize_bf16_tile.cuh, swiglu_quantize_tile.cuh) on the CPU: tests/emu/ runs
 them through a small CUDA emulation (coroutine threads, shuffles, barriers, shared memory) and
 compares every code and scale with the C core, for the row-wise kernels of the three recipes and
 the fused row-wise + column-wise kernel, on ragged shapes, edge blocks and misaligned pointers.

@@ -228,5 +228,17 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 inline float __frcp_rn(float a) { return 1.0f / a; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+/* The fast forms SwiGLU uses (common/swiglu.cuh): here IEEE host operations, which is enough to test a
+ * fused kernel against the same arithmetic run unfused (tests/emu/quant_emu.cpp), not the device's
+ * approximations themselves. */
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
+inline double __fma_rn(double a, double b, double c) { return fma(a, b, c); }
+inline float __expf(float x) { return expf(x); }
+inline float __fdividef(float a, float b) { return a / b; }
 
 #endif /* MOK_TESTS_CUDA_EMU_H */

@@ -4,7 +4,9 @@
  * recipes and the fused row-wise + column-wise kernel against quantize(x) and quantize(x^T), on
  * random bf16 data with edge blocks (zeros, NaN, Inf, saturation, subnormals, quotients below
  * float's normal range, blocks below the division-free threshold), ragged shapes and misaligned
- * pointers. Built and run by
+ * pointers; and the SwiGLU + quantisation kernels (quant/swiglu_quantize_tile.cuh, forward and
+ * backward, row-wise / column-wise / both, with and without the bf16 result) against the same SwiGLU
+ * arithmetic run element by element here, then the C core's quantisation. Built and run by
  * tests/test_fp8_emu.py:
  *
  *     quant_emu SEED     prints one line per failure and "N passed, N failed"
@@ -12,6 +14,7 @@
 #include "cuda_emu.h"
 
 #include "quant/quantize_bf16_tile.cuh"
+#include "quant/swiglu_quantize_tile.cuh"
 #include "mok_core.h"
 
 #include <string>
@@ -155,6 +158,75 @@ void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset)
     }
 }
 
+uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(mok_from_acc<__nv_bfloat16>(v)); }
+
+/* One SwiGLU + quantisation kernel (forward or backward; rows, cols, keep) on random h and d_act
+ * against SwiGLU computed here with the same functions, then the C core's quantisations. */
+void run_swiglu_case(Rng& rng, bool backward, bool rows, bool cols, bool keep, int64_t R, int64_t I) {
+    using namespace mok_qtile;
+    const int64_t N = backward ? 2 * I : I;
+    std::vector<uint16_t> h = make_input(rng, R, 2 * I), da = make_input(rng, R, I);
+    /* the reference: y = SwiGLU(h) or its gradient, rounded to bf16 */
+    std::vector<uint16_t> y((size_t)(R * N));
+    for (int64_t r = 0; r < R; ++r)
+        for (int64_t j = 0; j < I; ++j) {
+            const float g = emu::float_of((uint32_t)h[(size_t)(r * 2 * I + j)] << 16);
+            const float u = emu::float_of((uint32_t)h[(size_t)(r * 2 * I + I + j)] << 16);
+            if (!backward) {
+                y[(size_t)(r * I + j)] = bf16_bits(mok_swiglu(g, u));
+                continue;
+            }
+            float d_gate, d_up;
+            mok_swiglu_grad(g, u, emu::float_of((uint32_t)da[(size_t)(r * I + j)] << 16), d_gate, d_up);
+            y[(size_t)(r * N + j)] = bf16_bits(d_gate);
+            y[(size_t)(r * N + I + j)] = bf16_bits(d_up);
+        }
+    std::vector<uint8_t> q(rows ? (size_t)(R * N) : 0, 0xA5), s(rows ? (size_t)(R * (N / 128)) * 4 : 0, 0xA5);
+    std::vector<uint8_t> qt(cols ? (size_t)(R * N) : 0, 0xA5), st(cols ? (size_t)(N * cdiv(R, 128)) * 4 : 0, 0xA5);
+    std::vector<uint16_t> out(keep ? (size_t)(R * N) : 0, 0xA5A5);
+    const tile_args a = tile_args_of(nullptr, R, N, rows ? q.data() : nullptr, rows ? s.data() : nullptr,
+                                     cols ? qt.data() : nullptr, cols ? st.data() : nullptr);
+    swiglu_tile_args sw;
+    sw.h = reinterpret_cast<const __nv_bfloat16*>(h.data());
+    sw.d_act = backward ? reinterpret_cast<const __nv_bfloat16*>(da.data()) : nullptr;
+    sw.out = keep ? reinterpret_cast<__nv_bfloat16*>(out.data()) : nullptr;
+    sw.I = I;
+    char label[160];
+    snprintf(label, sizeof label, "swiglu %s rows=%d cols=%d keep=%d R=%lld I=%lld", backward ? "backward" : "forward",
+             rows, cols, keep, (long long)R, (long long)I);
+    try {
+        emu::launch((unsigned)tile_count(R, N), kThreads, [&] {
+            if (backward && rows && cols) swiglu_quantize_bf16_kernel<true, true, true, 2>(a, sw);
+            else if (backward && rows) swiglu_quantize_bf16_kernel<true, true, false, 2>(a, sw);
+            else if (backward) swiglu_quantize_bf16_kernel<true, false, true, 2>(a, sw);
+            else if (rows && cols) swiglu_quantize_bf16_kernel<false, true, true, 2>(a, sw);
+            else if (rows) swiglu_quantize_bf16_kernel<false, true, false, 2>(a, sw);
+            else swiglu_quantize_bf16_kernel<false, false, true, 2>(a, sw);
+        });
+    } catch (const std::exception& e) {
+        ++failed;
+        printf("FAIL %s: %s\n", label, e.what());
+        return;
+    }
+    std::vector<uint8_t> wq, ws;
+    if (keep) {
+        std::vector<uint8_t> got((uint8_t*)out.data(), (uint8_t*)out.data() + out.size() * 2);
+        std::vector<uint8_t> want((uint8_t*)y.data(), (uint8_t*)y.data() + y.size() * 2);
+        expect_equal(got, want, std::string(label) + " bf16 result");
+    }
+    if (rows) {
+        core_quantize(k1x128, y.data(), R, N, wq, ws);
+        expect_equal(q, wq, std::string(label) + " codes");
+        expect_equal(s, ws, std::string(label) + " scales");
+    }
+    if (cols) {
+        const std::vector<uint16_t> yt = transpose(y, R, N);
+        core_quantize(k1x128, yt.data(), N, R, wq, ws);
+        expect_equal(qt, wq, std::string(label) + " transposed codes");
+        expect_equal(st, ws, std::string(label) + " transposed scales");
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -176,6 +248,12 @@ int main(int argc, char** argv) {
     run_case(rng, kMx, true, 40, 256, 3);
     run_case(rng, k1x128, true, 136, 96, 1);
     run_case(rng, k128x128, false, 136, 96, 1);
+    /* SwiGLU + quantisation: ragged R (the tile's rows past R), one and several 128-column blocks */
+    const bool flags[][3] = {{true, true, false}, {true, false, true}, {false, true, true}, {true, true, true}};
+    for (int64_t R : {1, 16, 130, 1 + rng.below(300)})
+        for (int64_t I : {128, 256})
+            for (bool backward : {false, true})
+                for (const auto& f : flags) run_swiglu_case(rng, backward, f[0], f[1], f[2], R, I);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
