@@ -5,9 +5,9 @@ forward GEMMs, BF16 backward; H and I multiples of 128), 'mok_fp8_dgrad' the sam
 GEMMs of the backward in FP8 too, 'mok_fp8_all' with the two weight-gradient GEMMs in FP8 as well
 (fp8_dgrad=True, fp8_wgrad=True: every expert GEMM in FP8), 'mok_fp8_all_fused' the same with the
 forward's GEMM1 as the fused SwiGLU GEMM instead of the plain FP8 GEMM then the SwiGLU op (same bits),
-'mok_fp8_dgrad_3nodes' and 'mok_fp8_all_3nodes' with SwiGLU and the quantisations of act and d_h as
-separate ops (mok._fp8_experts.FUSED_SWIGLU_QUANT = False: the path before v39, same bits),
-'mok_fp8_all_fwdfused' fused in the forward only (FUSED_SWIGLU_QUANT_BACKWARD = False), 'mok_mxfp8' recipe="mxfp8" (every GEMM
+'mok_fp8_dgrad_swq' and 'mok_fp8_all_swq' with the opt-in one-node path whose SwiGLU quantises its
+result in the same kernel both ways, 'mok_fp8_all_swq_fwd' in the forward only
+(mok._fp8_experts.FUSED_SWIGLU_QUANT, v39; same bits), 'mok_mxfp8' recipe="mxfp8" (every GEMM
 on MXFP8-rounded operands, run on the BF16 kernels), all compared with the BF16 layers at the FP8
 tolerance; 'vs mok' is mok's BF16 fwd+bwd time over the row's.
 
@@ -57,8 +57,8 @@ QUICK_SHAPES = {
 ROUTINGS = ("balanced", "skewed")
 ZIPF_EXPONENT = 1.2
 # eager first: the reference for errors and ratios
-IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_fp8_all_fused", "mok_fp8_dgrad_3nodes",
-         "mok_fp8_all_3nodes", "mok_fp8_all_fwdfused",
+IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_fp8_all_fused", "mok_fp8_dgrad_swq",
+         "mok_fp8_all_swq", "mok_fp8_all_swq_fwd",
          "mok_mxfp8", "compiled", "naive")
 NAIVE_MAX_S = 1.0  # --naive auto: time the naive loop only if one fwd+bwd takes less than this
 ERR_TOL = 2e-2
@@ -298,10 +298,10 @@ def _fused_gate_up(fn):
     return _with_setting(fn, "FUSED_GATE_UP", True)
 
 
-def _three_nodes(fn):
-    """fn with SwiGLU and the quantisations of act and d_h as separate ops (mok._fp8_experts.
-    FUSED_SWIGLU_QUANT = False, the path before v39; the same bits)."""
-    return _with_setting(fn, "FUSED_SWIGLU_QUANT", False)
+def _swiglu_quant(fn, backward=True):
+    """fn with the opt-in one-node path: SwiGLU fused with the quantisation of act (forward) and, with
+    backward, of d_h (mok._fp8_experts.FUSED_SWIGLU_QUANT(_BACKWARD); v39; the same bits)."""
+    return _with_setting(_with_setting(fn, "FUSED_SWIGLU_QUANT_BACKWARD", backward), "FUSED_SWIGLU_QUANT", True)
 
 
 def impl_table(dev, compiled=False):
@@ -314,13 +314,12 @@ def impl_table(dev, compiled=False):
                                               fp8_wgrad=True),
              "mok_fp8_all_fused": _fused_gate_up(functools.partial(
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True)),
-             "mok_fp8_dgrad_3nodes": _three_nodes(functools.partial(
+             "mok_fp8_dgrad_swq": _swiglu_quant(functools.partial(
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True)),
-             "mok_fp8_all_3nodes": _three_nodes(functools.partial(
+             "mok_fp8_all_swq": _swiglu_quant(functools.partial(
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True)),
-             "mok_fp8_all_fwdfused": _with_setting(functools.partial(
-                 mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True),
-                 "FUSED_SWIGLU_QUANT_BACKWARD", False),
+             "mok_fp8_all_swq_fwd": _swiglu_quant(functools.partial(
+                 mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True), backward=False),
              "mok_mxfp8": functools.partial(mok.functional.moe_experts, recipe="mxfp8"),
              "naive": baselines.naive_experts}
     if compiled:

@@ -33,7 +33,7 @@ timeout 120 python3 benchmarks/bench_quant.py --out /tmp/mok_bench_quant.json > 
 cp /tmp/mok_bench_quant.md "$OUT/bench_quant.md" 2>/dev/null || tail -20 /tmp/mok_bench_quant.txt
 echo "bench_quant ($((SECONDS - T0)) s):"; grep -E "copy|rowcol" "$OUT/bench_quant.md" | grep -v unfused | cut -c1-120
 
-# SwiGLU + quantisation in one op against the two ops (v39)
+# SwiGLU + quantisation in one op (the opt-in FUSED_SWIGLU_QUANT path) against the two ops (v39)
 timeout 90 python3 benchmarks/bench_swiglu_quant.py --out /tmp/mok_bench_swiglu_quant.json > /tmp/mok_bench_swiglu_quant.txt 2>&1
 cp /tmp/mok_bench_swiglu_quant.md "$OUT/bench_swiglu_quant.md" 2>/dev/null || tail -20 /tmp/mok_bench_swiglu_quant.txt
 echo "bench_swiglu_quant ($((SECONDS - T0)) s):"; grep -E "^\| (qwen3|mixtral|dsv3)" "$OUT/bench_swiglu_quant.md" | cut -c1-120
@@ -79,7 +79,7 @@ if [ -z "${SKIP_GEMM:-}" ]; then
 fi
 
 [ -z "${SKIP_LAYER:-}" ] && timeout 200 python3 benchmarks/bench_moe_layer.py --shapes qwen3_30b_a3b,mixtral_8x7b,dsv3_ep8_slice \
-    --routing balanced --impls ${LAYER_IMPLS:-eager,mok,mok_fp8_dgrad,mok_fp8_dgrad_3nodes,mok_fp8_all,mok_fp8_all_3nodes,mok_fp8_all_fwdfused} --naive off \
+    --routing balanced --impls ${LAYER_IMPLS:-eager,mok,mok_fp8_dgrad,mok_fp8_dgrad_swq,mok_fp8_all,mok_fp8_all_swq,mok_fp8_all_fused} --naive off \
     --rounds "${ROUNDS:-2}" --out /tmp/mok_bench_moe_layer.json > /tmp/mok_bench_moe_layer.txt 2>&1
 if [ -z "${SKIP_LAYER:-}" ]; then
     cp /tmp/mok_bench_moe_layer.md "$OUT/bench_moe_layer.md" 2>/dev/null || tail -20 /tmp/mok_bench_moe_layer.txt
@@ -92,7 +92,7 @@ if [ -n "${TAILS:-}" ]; then
 fi
 if [ -n "${TRACE:-}" ]; then
     # where the FP8 layer's time goes on Qwen3 (1.05x mok BF16 in v20, 1.25x asked): every kernel per step
-    timeout 120 python3 benchmarks/trace_moe_layer.py --shapes qwen3_30b_a3b --impls mok,mok_fp8_all,mok_fp8_all_3nodes \
+    timeout 120 python3 benchmarks/trace_moe_layer.py --shapes qwen3_30b_a3b --impls mok,mok_fp8_dgrad,mok_fp8_dgrad_swq,mok_fp8_all,mok_fp8_all_swq \
         --top 25 > "$OUT/trace_qwen3_fp8.txt" 2>&1
     echo "trace ($((SECONDS - T0)) s)"
 fi

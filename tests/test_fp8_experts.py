@@ -129,10 +129,11 @@ def test_blockwise_experts_match_the_fp8_emulation(device, case):
 @pytest.mark.parametrize("case", CASES[1:5], ids=str)
 @pytest.mark.parametrize("fp8_dgrad,fp8_wgrad", [(False, False), (True, False), (False, True), (True, True)])
 @pytest.mark.parametrize("needs", ["all", "no_x", "down_only", "x_only"])
-def test_swiglu_quant_node_and_three_nodes_give_the_same_bits(monkeypatch, device, case, fp8_dgrad, fp8_wgrad,
+def test_fused_swiglu_quant_node_and_three_nodes_give_the_same_bits(monkeypatch, device, case, fp8_dgrad, fp8_wgrad,
                                                                needs):
-    # FUSED_SWIGLU_QUANT: one node with SwiGLU and the quantisation of its result fused in the forward
-    # and (FUSED_SWIGLU_QUANT_BACKWARD) in the backward, or the three nodes (False); y and every gradient
+    # FUSED_SWIGLU_QUANT: the three nodes (False, the default) or one node with SwiGLU and the
+    # quantisation of its result fused in the forward and (FUSED_SWIGLU_QUANT_BACKWARD) in the backward
+    # (opt-in); y and every gradient
     # must be bitwise the same, whichever inputs want a gradient (each option writes different bf16
     # copies and codes).
     x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16, device=device, requires_grad=True)
