@@ -31,6 +31,10 @@ d_rows column-wise (with quantize_rowcol when fp8_dgrad needs their row-wise cop
 d_gate_up [E, 2I, H] = wgrad(col(d_h), col(x_rows)) and d_down [E, H, I] = wgrad(col(d_rows),
 col(act)) in bf16.
 
+Between the GEMMs, SwiGLU and each quantisation run as ops of their own (three autograd nodes); the
+opt-in FUSED_SWIGLU_QUANT below fuses SwiGLU with the quantisation of its result both ways (v39: not
+faster on the H200).
+
 Weights are quantised once per version: the codes and scales are cached on the weight tensor and
 reused until the tensor changes in place (an optimizer step bumps its version counter) or is
 replaced. The cache is skipped under torch.compile (the quantisation is then part of the graph).
@@ -65,7 +69,7 @@ FUSED_GATE_UP = False
 # v21, performance log v39): the fused kernel is 0.83-1.00x the two ops it replaces (it holds 128
 # registers for its in-flight loads: two CTAs per SM, too few to hide them), the layer within 1% on
 # Mixtral and DeepSeek-V3, and the one node keeps d_rows, h and act's codes alive through the whole
-# backward (peak memory +0.4-1.1 GiB); so it is opt-in. FUSED_GATE_UP=True takes the three nodes.
+# backward (peak memory +0.4-1.7 GiB); so it is opt-in. FUSED_GATE_UP=True takes the three nodes.
 FUSED_SWIGLU_QUANT = False
 FUSED_SWIGLU_QUANT_BACKWARD = True
 
@@ -318,8 +322,6 @@ def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj, fp8_dgrad
     """y [T, H] of the routed experts under the blockwise recipe (inputs already checked)."""
     acc = torch.float32
     x = x.contiguous()
-    # the FP8 GEMM reads rows of A by TMA: one gathered copy of the token rows (also the BF16 weight
-    # gradient's operand)
     w1_q, w1_s = cached_expert_weight(gate_up_proj)
     w2_q, w2_s = cached_expert_weight(down_proj)
     w1t_q = w1t_s = w2t_q = w2t_s = None
@@ -335,6 +337,8 @@ def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj, fp8_dgrad
         rows = _Fp8Mlp.apply(x, gate_up_proj, down_proj, plan.src_of_row, plan.row_of, top_k, plan.offsets,
                              w1_q, w1_s, w2_q, w2_s, w1t_q, w1t_s, w2t_q, w2t_s, wgrad1, wgrad2, keep_act)
         return ops.combine(rows, plan.row_of, plan.src_of_row, topk_w.to(acc).contiguous())
+    # the FP8 GEMM reads rows of A by TMA: one gathered copy of the token rows (also the BF16 weight
+    # gradient's operand)
     x_rows = ops.gather_rows(x.detach(), plan.src_of_row, None, top_k, plan.row_of)
     h, act = _Fp8GateUp.apply(x, gate_up_proj, plan.src_of_row, plan.row_of, top_k, plan.offsets, x_rows, w1_q,
                               w1_s, w1t_q, w1t_s, wgrad1)
