@@ -14,18 +14,10 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda_check.h"
 #include "quant/swiglu_quantize_tile.cuh"
 
 using namespace mok_qtile;
-
-#define CK(x)                                                                             \
-    do {                                                                                  \
-        cudaError_t e = (x);                                                              \
-        if (e != cudaSuccess) {                                                           \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));     \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
 
 __global__ void fill_kernel(uint16_t* p, int64_t n, uint32_t seed) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -50,22 +42,22 @@ struct Out {
 template <typename F>
 float time_ms(F launch, int iters = 20) {
     cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
+    CHECK(cudaEventCreate(&a));
+    CHECK(cudaEventCreate(&b));
     for (int i = 0; i < 3; ++i) launch();
-    CK(cudaEventRecord(a));
+    CHECK(cudaEventRecord(a));
     for (int i = 0; i < iters; ++i) launch();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
     float ms = 0.f;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    CK(cudaGetLastError());
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    CHECK(cudaGetLastError());
     return ms / iters;
 }
 
 static std::vector<uint8_t> host_bytes(const void* p, size_t n) {
     std::vector<uint8_t> v(n);
-    CK(cudaMemcpy(v.data(), p, n, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(v.data(), p, n, cudaMemcpyDeviceToHost));
     return v;
 }
 
@@ -81,17 +73,17 @@ int main(int argc, char** argv) {
     for (size_t pi = 0; pi < probs.size(); pi += 2) {
         const int64_t R = probs[pi], I = probs[pi + 1];
         __nv_bfloat16 *h, *da, *y;
-        CK(cudaMalloc(&h, R * 2 * I * 2));
-        CK(cudaMalloc(&da, R * I * 2));
-        CK(cudaMalloc(&y, R * 2 * I * 2));
+        CHECK(cudaMalloc(&h, R * 2 * I * 2));
+        CHECK(cudaMalloc(&da, R * I * 2));
+        CHECK(cudaMalloc(&y, R * 2 * I * 2));
         fill_kernel<<<1024, 256>>>((uint16_t*)h, R * 2 * I, 1234u);
         fill_kernel<<<1024, 256>>>((uint16_t*)da, R * I, 777u);
         fill_kernel<<<1024, 256>>>((uint16_t*)y, R * 2 * I, 99u);
         Out o;
-        CK(cudaMalloc(&o.q, R * 2 * I));
-        CK(cudaMalloc(&o.qt, R * 2 * I));
-        CK(cudaMalloc(&o.s, R * 2 * I / 128 * 4));
-        CK(cudaMalloc(&o.st, 2 * I * ((R + 127) / 128) * 4));
+        CHECK(cudaMalloc(&o.q, R * 2 * I));
+        CHECK(cudaMalloc(&o.qt, R * 2 * I));
+        CHECK(cudaMalloc(&o.s, R * 2 * I / 128 * 4));
+        CHECK(cudaMalloc(&o.st, 2 * I * ((R + 127) / 128) * 4));
         const double copy_ms = time_ms([&] { copy_kernel<<<132 * 8, 256>>>((const uint4*)h, (uint4*)y, R * 2 * I * 2 / 16); });
         const double copy_tbps = 2.0 * R * 2 * I * 2 / copy_ms / 1e9;
         printf("R=%lld I=%lld: copy of h %.3f ms (%.2f TB/s)\n", (long long)R, (long long)I, copy_ms, copy_tbps);
@@ -127,8 +119,8 @@ int main(int argc, char** argv) {
                       {"bwd min1", swiglu_quantize_bf16_kernel<true, true, true, 1>}};
             }
             for (const V& v : vs) {
-                CK(cudaMemset(o.q, 0, R * N));
-                CK(cudaMemset(o.qt, 0, R * N));
+                CHECK(cudaMemset(o.q, 0, R * N));
+                CHECK(cudaMemset(o.qt, 0, R * N));
                 const double ms = time_ms([&] { v.k<<<tiles, kThreads>>>(t, sw); });
                 std::vector<uint8_t> q = host_bytes(o.q, R * N), qt = host_bytes(o.qt, R * N);
                 const char* same = "ref";

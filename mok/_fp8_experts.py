@@ -183,6 +183,27 @@ class _Fp8GateUp(torch.autograd.Function):
         return d_x, d_w, None, None, None, None, None, None, None, None, None, None
 
 
+def _down_backward(d_rows, act, down, offsets, wt_q, wt_s, at_q, at_s, need_a, need_w):
+    """(d_act, d_down) of rows = act @ down[e]^T: the dgrad on the FP8 kernel when down's transposed codes
+    are given (else BF16), the weight gradient on FP8 column-wise copies when act's are given (else BF16
+    on the saved act); None where not needed."""
+    fp8_dgrad = wt_q is not None and need_a
+    fp8_wgrad = at_q is not None and need_w
+    g_row, g_col = _quantize_grad(d_rows, fp8_dgrad, fp8_wgrad)
+    d_act = d_down = None
+    if need_a:
+        if fp8_dgrad:
+            d_act = ops.grouped_mm_fp8(*g_row, wt_q, wt_s, offsets)
+        else:
+            d_act = ops.grouped_mm(d_rows, None, 1, down, offsets, False)
+    if need_w:
+        if fp8_wgrad:
+            d_down = ops.grouped_mm_fp8_wgrad(*g_col, at_q, at_s, offsets)  # [E, H, I]
+        else:
+            d_down = ops.grouped_mm_wgrad(d_rows, act, None, 1, offsets)
+    return d_act, d_down
+
+
 class _Fp8Down(torch.autograd.Function):
     """rows = act @ down[e]^T in FP8; backward as mok.grouped_mm's (NT) in BF16, its dgrad in FP8
     when the transposed codes are given, its weight gradient in FP8 when fp8_wgrad (then act's
@@ -206,22 +227,8 @@ class _Fp8Down(torch.autograd.Function):
         act, down, offsets, wt_q, wt_s, at_q, at_s = ctx.saved_tensors
         if d_rows is None:
             return (None,) * 8
-        d_rows = d_rows.contiguous()
-        need_a, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        fp8_dgrad = wt_q is not None and need_a
-        fp8_wgrad = at_q is not None and need_w
-        g_row, g_col = _quantize_grad(d_rows, fp8_dgrad, fp8_wgrad)
-        d_act = d_down = None
-        if need_a:
-            if fp8_dgrad:
-                d_act = ops.grouped_mm_fp8(*g_row, wt_q, wt_s, offsets)
-            else:
-                d_act = ops.grouped_mm(d_rows, None, 1, down, offsets, False)
-        if need_w:
-            if fp8_wgrad:
-                d_down = ops.grouped_mm_fp8_wgrad(*g_col, at_q, at_s, offsets)  # [E, H, I]
-            else:
-                d_down = ops.grouped_mm_wgrad(d_rows, act, None, 1, offsets)
+        d_act, d_down = _down_backward(d_rows.contiguous(), act, down, offsets, wt_q, wt_s, at_q, at_s,
+                                       ctx.needs_input_grad[0], ctx.needs_input_grad[1])
         return d_act, d_down, None, None, None, None, None, None
 
 
@@ -265,25 +272,11 @@ class _Fp8Mlp(torch.autograd.Function):
         none = (None,) * 18
         if d_rows is None:
             return none
-        d_rows = d_rows.contiguous()
         need_x, need_w1, need_w2 = ctx.needs_input_grad[:3]
         need_h = need_x or need_w1
         # GEMM2: d_act = d_rows @ down[e], d_down[e] = d_rows^T act
-        dgrad2 = w2t_q is not None and need_h
-        fp8_wgrad2 = at_q is not None and need_w2
-        g_row, g_col = _quantize_grad(d_rows, dgrad2, fp8_wgrad2)
-        d_act = d_down = None
-        if need_h:
-            if dgrad2:
-                d_act = ops.grouped_mm_fp8(*g_row, w2t_q, w2t_s, offsets)
-            else:
-                d_act = ops.grouped_mm(d_rows, None, 1, down, offsets, False)
-        if need_w2:
-            if fp8_wgrad2:
-                d_down = ops.grouped_mm_fp8_wgrad(*g_col, at_q, at_s, offsets)  # [E, H, I]
-            else:
-                d_down = ops.grouped_mm_wgrad(d_rows, act, None, 1, offsets)
-        del g_row, g_col
+        d_act, d_down = _down_backward(d_rows.contiguous(), act, down, offsets, w2t_q, w2t_s, at_q, at_s, need_h,
+                                       need_w2)
         d_x = d_gate_up = None
         if need_h:
             # SwiGLU's backward with d_h quantised for the FP8 GEMMs that read it; bf16 d_h for the BF16 ones
