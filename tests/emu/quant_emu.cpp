@@ -17,6 +17,7 @@
 #include "quant/swiglu_quantize_tile.cuh"
 #include "mok_core.h"
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -117,6 +118,30 @@ void expect_equal(const std::vector<uint8_t>& got, const std::vector<uint8_t>& w
     }
 }
 
+/* codes q and scales s of a kernel against the core's quantisation of x [M, N] (`what`: "" or
+ * " transposed" in the labels). */
+void expect_core_quantization(Recipe r, const std::vector<uint16_t>& x, int64_t M, int64_t N,
+                              const std::vector<uint8_t>& q, const std::vector<uint8_t>& s, const std::string& label,
+                              const char* what) {
+    std::vector<uint8_t> wq, ws;
+    core_quantize(r, x.data(), M, N, wq, ws);
+    expect_equal(q, wq, label + what + " codes");
+    expect_equal(s, ws, label + what + " scales");
+}
+
+/* Runs a kernel launch under the emulation; a failure (a divergent shuffle, a stuck barrier) is
+ * counted and reported. */
+bool launched(const char* label, unsigned grid, const std::function<void()>& kernel) {
+    try {
+        emu::launch(grid, mok_qtile::kThreads, kernel);
+    } catch (const std::exception& e) {
+        ++failed;
+        printf("FAIL %s: %s\n", label, e.what());
+        return false;
+    }
+    return true;
+}
+
 /* Runs one kernel on x (placed `offset` elements into its buffer) and checks it against the core. */
 void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset) {
     using namespace mok_qtile;
@@ -133,29 +158,16 @@ void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset)
     char label[160];
     snprintf(label, sizeof label, "%s %s M=%lld N=%lld offset=%d vec=%d vec_t=%d", rowcol ? "rowcol" : "rows",
              name_of(r), (long long)M, (long long)N, offset, a.vec, a.vec_t);
-    try {
-        emu::launch(grid, kThreads, [&] {
-            if (rowcol && r == kMx) quantize_rowcol_bf16_kernel<32, true>(a);
-            else if (rowcol) quantize_rowcol_bf16_kernel<128, false>(a);
-            else if (r == kMx) quantize_rows_bf16_kernel<32, true>(a);
-            else if (r == k128x128) quantize_tile128_bf16_kernel(a);
-            else quantize_rows_bf16_kernel<128, false>(a);
-        });
-    } catch (const std::exception& e) {
-        ++failed;
-        printf("FAIL %s: %s\n", label, e.what());
-        return;
-    }
-    std::vector<uint8_t> wq, ws;
-    core_quantize(r, x.data(), M, N, wq, ws);
-    expect_equal(q, wq, std::string(label) + " codes");
-    expect_equal(s, ws, std::string(label) + " scales");
-    if (rowcol) {
-        const std::vector<uint16_t> xt = transpose(x, M, N);
-        core_quantize(r, xt.data(), N, M, wq, ws);
-        expect_equal(qt, wq, std::string(label) + " transposed codes");
-        expect_equal(st, ws, std::string(label) + " transposed scales");
-    }
+    const bool ok = launched(label, grid, [&] {
+        if (rowcol && r == kMx) quantize_rowcol_bf16_kernel<32, true>(a);
+        else if (rowcol) quantize_rowcol_bf16_kernel<128, false>(a);
+        else if (r == kMx) quantize_rows_bf16_kernel<32, true>(a);
+        else if (r == k128x128) quantize_tile128_bf16_kernel(a);
+        else quantize_rows_bf16_kernel<128, false>(a);
+    });
+    if (!ok) return;
+    expect_core_quantization(r, x, M, N, q, s, label, "");
+    if (rowcol) expect_core_quantization(r, transpose(x, M, N), N, M, qt, st, label, " transposed");
 }
 
 uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(mok_from_acc<__nv_bfloat16>(v)); }
@@ -194,37 +206,22 @@ void run_swiglu_case(Rng& rng, bool backward, bool rows, bool cols, bool keep, i
     char label[160];
     snprintf(label, sizeof label, "swiglu %s rows=%d cols=%d keep=%d R=%lld I=%lld", backward ? "backward" : "forward",
              rows, cols, keep, (long long)R, (long long)I);
-    try {
-        emu::launch((unsigned)tile_count(R, N), kThreads, [&] {
-            if (backward && rows && cols) swiglu_quantize_bf16_kernel<true, true, true, 2>(a, sw);
-            else if (backward && rows) swiglu_quantize_bf16_kernel<true, true, false, 2>(a, sw);
-            else if (backward) swiglu_quantize_bf16_kernel<true, false, true, 2>(a, sw);
-            else if (rows && cols) swiglu_quantize_bf16_kernel<false, true, true, 2>(a, sw);
-            else if (rows) swiglu_quantize_bf16_kernel<false, true, false, 2>(a, sw);
-            else swiglu_quantize_bf16_kernel<false, false, true, 2>(a, sw);
-        });
-    } catch (const std::exception& e) {
-        ++failed;
-        printf("FAIL %s: %s\n", label, e.what());
-        return;
-    }
-    std::vector<uint8_t> wq, ws;
+    const bool ok = launched(label, (unsigned)tile_count(R, N), [&] {
+        if (backward && rows && cols) swiglu_quantize_bf16_kernel<true, true, true, 2>(a, sw);
+        else if (backward && rows) swiglu_quantize_bf16_kernel<true, true, false, 2>(a, sw);
+        else if (backward) swiglu_quantize_bf16_kernel<true, false, true, 2>(a, sw);
+        else if (rows && cols) swiglu_quantize_bf16_kernel<false, true, true, 2>(a, sw);
+        else if (rows) swiglu_quantize_bf16_kernel<false, true, false, 2>(a, sw);
+        else swiglu_quantize_bf16_kernel<false, false, true, 2>(a, sw);
+    });
+    if (!ok) return;
     if (keep) {
         std::vector<uint8_t> got((uint8_t*)out.data(), (uint8_t*)out.data() + out.size() * 2);
         std::vector<uint8_t> want((uint8_t*)y.data(), (uint8_t*)y.data() + y.size() * 2);
         expect_equal(got, want, std::string(label) + " bf16 result");
     }
-    if (rows) {
-        core_quantize(k1x128, y.data(), R, N, wq, ws);
-        expect_equal(q, wq, std::string(label) + " codes");
-        expect_equal(s, ws, std::string(label) + " scales");
-    }
-    if (cols) {
-        const std::vector<uint16_t> yt = transpose(y, R, N);
-        core_quantize(k1x128, yt.data(), N, R, wq, ws);
-        expect_equal(qt, wq, std::string(label) + " transposed codes");
-        expect_equal(st, ws, std::string(label) + " transposed scales");
-    }
+    if (rows) expect_core_quantization(k1x128, y, R, N, q, s, label, "");
+    if (cols) expect_core_quantization(k1x128, transpose(y, R, N), N, R, qt, st, label, " transposed");
 }
 
 }  // namespace

@@ -12,8 +12,9 @@
  * One CTA per 128 x 128 tile of [R, I] (I % 128 == 0, 16-byte aligned h and d_act), each thread its
  * 8 x 8 block as in quantize_bf16_tile.cuh; the backward's tiles are d_h's, a d_gate tile at
  * columns [n0, n0 + 128) reading g, u and d_act, a d_up tile at [I + n0, I + n0 + 128) reading g and
- * d_act (10 bytes read per (r, j) instead of 6, still less than the bf16 d_h's round trip). Rows past R compute as zeros (SwiGLU
- * and its gradient of zeros are zeros), which leave every amax unchanged, and are never stored.
+ * d_act (10 bytes read per (r, j) instead of 6, still less than the bf16 d_h's round trip). Rows
+ * past R compute as zeros (SwiGLU and its gradient of zeros are zeros), which leave every amax
+ * unchanged, and are never stored.
  */
 #ifndef MOK_CUDA_QUANT_SWIGLU_QUANTIZE_TILE_CUH
 #define MOK_CUDA_QUANT_SWIGLU_QUANTIZE_TILE_CUH
