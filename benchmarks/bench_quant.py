@@ -1,5 +1,7 @@
 """FP8 quantisers against the device copy ceiling: mok.fp8.quantize for each recipe,
-mok.fp8.quantize_rowcol (row-wise + column-wise copies from one read of x) and, for comparison, the
+mok.fp8.quantize_rowcol (row-wise + column-wise copies from one read of x; on CUDA also its
+experimental persistent kernel with one and two tile buffers, MOK_QUANT_ROWCOL_PERSISTENT=1 / 2, outputs
+checked bitwise against the default kernel's) and, for comparison, the
 same two copies made unfused (quantize(x) + quantize(x.t().contiguous())), mok.fp8.qdq_mxfp8 (the
 MXFP8 recipe's bf16 rounding: row-wise, and row- and column-wise from one read), and a plain copy of
 the same tensor (x.clone()), in one run on the same input, as TB/s of bytes read + written.
@@ -29,6 +31,19 @@ COLUMNS = [("shape", "shape", ""), ("impl", "impl", ""), ("M", "M", ""), ("N", "
            ("tbps", "TB/s", ".2f"), ("vs_copy", "vs copy", ".2f")]
 
 
+def rowcol_persistent(x, recipe, buffers):
+    """mok.fp8.quantize_rowcol on the experimental persistent kernel (the switch is read per call)."""
+    old = os.environ.get("MOK_QUANT_ROWCOL_PERSISTENT")
+    os.environ["MOK_QUANT_ROWCOL_PERSISTENT"] = buffers
+    try:
+        return mok.fp8.quantize_rowcol(x, recipe)
+    finally:
+        if old is None:
+            del os.environ["MOK_QUANT_ROWCOL_PERSISTENT"]
+        else:
+            os.environ["MOK_QUANT_ROWCOL_PERSISTENT"] = old
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common.add_common_args(p, "bench_quant", iters=20, warmup=3)
@@ -54,6 +69,13 @@ def main(argv=None):
             impls = {"rowcol " + recipe: lambda _i: mok.fp8.quantize_rowcol(x, recipe),
                      "unfused " + recipe: lambda _i: (mok.fp8.quantize(x, recipe),
                                                       mok.fp8.quantize(x.t().contiguous(), recipe))}
+            if dev.type == "cuda":
+                want = mok.fp8.quantize_rowcol(x, recipe)
+                for buffers in ("1", "2"):
+                    fn = lambda _i, b=buffers: rowcol_persistent(x, recipe, b)  # noqa: E731
+                    same = all(torch.equal(u.view(torch.uint8), v.view(torch.uint8)) for u, v in zip(fn(0), want))
+                    impls[f"rowcol persistent{buffers} {recipe}" + ("" if same else " (OUTPUTS DIFFER)")] = fn
+                del want
             for impl, fn in impls.items():
                 t = common.bench(fn, dev, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2)
                 tbps = nbytes / t["median_ms"] / 1e9

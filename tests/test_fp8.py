@@ -225,6 +225,26 @@ def test_cuda_bf16_tile_kernels_large_and_misaligned(recipe):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("buffers", ["1", "2"])
+@pytest.mark.parametrize("recipe", ROWCOL_RECIPES)
+def test_cuda_persistent_rowcol_matches_the_c_core(monkeypatch, recipe, buffers):
+    # EXPERIMENTAL (MOK_QUANT_ROWCOL_PERSISTENT=1 or 2, read per call): CTAs walk tiles, each thread
+    # refilling its tile buffer(s) by cp.async. Shapes: one tile, ragged edges (N % 8 == 0, so the kernel
+    # runs; N % 8 != 0 takes the one-CTA-per-tile kernel), and more tiles than 3 CTAs x 132 SMs, so every
+    # CTA reuses its buffers several times (stale bytes of an earlier tile in the rows and pieces past
+    # the edge). Outputs land in memory filled with 0xA5 first: a byte never written shows.
+    monkeypatch.setenv("MOK_QUANT_ROWCOL_PERSISTENT", buffers)
+    for shape in [(1, 8), (130, 264), (1000, 1032), (300, 77), (4000, 4104), (5000, 2048)] + _random_shapes(2):
+        junk = torch.full((1 << 25,), 0xA5, dtype=torch.uint8, device="cuda")
+        del junk
+        x = _inputs_with_edge_blocks(shape, torch.bfloat16)
+        rc = mok.fp8.quantize_rowcol(x.cuda(), recipe)
+        assert_same_quantization((rc.q, rc.scales), mok.fp8.quantize(x, recipe), f"{shape} row-wise")
+        assert_same_quantization((rc.qt, rc.scales_t), mok.fp8.quantize(x.t().contiguous(), recipe),
+                                 f"{shape} column-wise")
+
+
+@pytest.mark.gpu
 def test_cuda_rowcol_is_deterministic_and_leaves_no_gaps():
     # Outputs are fresh tensors: fill the caching allocator with 0xA5 first, so any byte the kernel
     # fails to write shows up as a difference from the C core.

@@ -8,6 +8,7 @@
 #include <cuda.h>
 #include <stdint.h>
 
+#include "cp_async.cuh"
 #include "mbarrier.cuh"
 
 __device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) {
@@ -79,18 +80,6 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                      mok_smem_u32(dst)),
                  "l"(src), "r"(bytes), "r"(mok_smem_u32(bar))
-                 : "memory");
-}
-
-/* 4-byte cp.async global -> shared (a scale); src_bytes 0 writes zeros and leaves src unread. */
-__device__ __forceinline__ void cp_async_4(void* dst, const void* src, uint32_t src_bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(mok_smem_u32(dst)), "l"(src), "r"(src_bytes)
-                 : "memory");
-}
-
-/* 16-byte cp.async global -> shared; src_bytes < 16 zero-fills the rest (0: all zeros, src unread). */
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, uint32_t src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(mok_smem_u32(dst)), "l"(src), "r"(src_bytes)
                  : "memory");
 }
 

@@ -366,16 +366,24 @@ struct rowcol_smem {
     uint2 codes_t[kTile][kChunks];
 };
 
+/* quantize_tile_block's default hook: nothing. */
+struct no_hook {
+    __device__ __forceinline__ void operator()() const {}
+};
+
 /* Row-wise (1xB along N; kRows) and column-wise (1xB along M, i.e. of x^T; kCols) codes of the
  * tile held in w (each thread its 8 x 8 block, rows past M and columns past N zero). Every thread of
  * the CTA calls it; it may be called again for another tile with the same s (its first barrier
- * comes after every thread has finished reading s the previous time). */
-template <int B, bool kMx, bool kRows, bool kCols>
+ * comes after every thread has finished reading s the previous time). after_maxima runs in every
+ * thread once the block maxima have consumed all of w (so whatever w was loaded from has been
+ * read: the persistent kernel refills its tile buffer there). */
+template <int B, bool kMx, bool kRows, bool kCols, typename AfterMaxima = no_hook>
 __device__ __forceinline__ void quantize_tile_block(const tile_args& a, const tile_thread& t, const uint32_t (&w)[8][4],
-                                                    rowcol_smem<B>& s) {
+                                                    rowcol_smem<B>& s, AfterMaxima after_maxima = AfterMaxima()) {
     enum { kGroup = B / 8, kColBlocks = kTile / B }; /* chunks per column block: 16 or 4; blocks per tile column */
     uint32_t rm[4], cm[4];
     block_maxima(w, rm, cm);
+    after_maxima();
     if (kCols) s.part[t.g][t.p] = make_uint4(cm[0], cm[1], cm[2], cm[3]);
 
     /* row-wise blocks, stored while the other warps catch up with the barrier */
