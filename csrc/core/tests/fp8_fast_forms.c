@@ -12,6 +12,9 @@
  *   quot(x, s, r)         = fma(fma(-q0, s, x), r, q0) with the sign of x, q0 = x * r, r = RN(1/s)
  *                           has the E4M3 code of x / s for every bf16 |x| <= amax when
  *                           amax = 0 (s = 1) or amax >= 2^-100 (bf16 bits 0x0D80)
+ *   quot_neg(x, s, r)     = fma(-fma(q0, s, -x), r, q0), the device's form (no sign fix-up):
+ *                           the same bits as quot for every bf16 |x| <= amax in the same range
+ *                           (amax = 0 or amax >= 2^-100; below it the kernels divide)
  *   x * 2^-e              equals ldexpf(x, -e) for every bf16 x and E8M0 code e + 127 in 0..254
  *
  * Prints one line per failed check and "N passed, N failed".
@@ -61,6 +64,11 @@ static float quot(float x, float s, float r) {
     return float_of(bits_of(q1) | (bits_of(x) & 0x80000000u));
 }
 
+static float quot_neg(float x, float s, float r) {
+    float q0 = x * r;
+    return fmaf(-fmaf(q0, s, -x), r, q0);
+}
+
 static void check_div448(void) {
     uint32_t a;
     long bad = 0;
@@ -94,6 +102,23 @@ static void check_quot(void) {
     check(below > 0, "some block below the threshold does need the division");
 }
 
+/* quot_neg against quot, bit for bit, for every bf16 amax where the kernels use the fast form (0 and
+ * >= 2^-100) and every |x| <= amax. */
+static void check_quot_neg(void) {
+    uint32_t a, b;
+    long bad = 0;
+    for (a = 0; a <= 0x7F7Fu; a = a == 0 ? QUOT_FAST_MIN_BF16 : a + 1) {
+        float amax = bf16(a), s = a == 0 ? 1.0f : amax / 448.0f, r = 1.0f / s;
+        for (b = 0; b <= a; b++) {
+            float xp = bf16(b), xn = bf16(b | 0x8000u);
+            bad += bits_of(quot_neg(xp, s, r)) != bits_of(quot(xp, s, r));
+            bad += bits_of(quot_neg(xn, s, r)) != bits_of(quot(xn, s, r));
+        }
+    }
+    check(bad == 0, "quot_neg(x, s, r) == quot(x, s, r) bit for bit for amax = 0 and amax >= 2^-100");
+    check(bits_of(quot_neg(-0.0f, 1.0f, 1.0f)) == 0x80000000u, "quot_neg keeps -0");
+}
+
 static void check_mx_scaling(void) {
     uint32_t b;
     int code;
@@ -115,6 +140,7 @@ int main(void) {
     check_div448();
     check_mx_scaling();
     check_quot();
+    check_quot_neg();
     printf("fast_forms: %d passed, %d failed\n", passed, failed);
     return failed != 0;
 }

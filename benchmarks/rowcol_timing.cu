@@ -1,0 +1,122 @@
+/*
+ * Stand-alone timing of the rowcol FP8 quantiser (csrc/cuda/quant/quantize_bf16_tile.cuh) and of
+ * variants that place its time: the tile's row half alone, its column half alone, the loads and
+ * maxima alone (nothing stored), and the default work with the tiles walked in bands of 8 tile rows
+ * (concurrent CTAs then write 1 KiB runs of each qt row instead of 128 bytes). Random bf16 x on issue
+ * 5's quantiser shapes; each variant against a copy of x (same bytes read and written). The band
+ * variant's codes are compared byte for byte with the default's.
+ *
+ *   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -Ibenchmarks -o /tmp/rct benchmarks/rowcol_timing.cu
+ *   /tmp/rct [M N]...        # default: DeepSeek-V3's activation, Qwen3's, the Mixtral weight
+ * Built with -DMOK_QUOT_SIGN_OR=1 it times the earlier quotient form (common/fp8.cuh, v41): run both
+ * binaries in turn for an A/B.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "timing_util.cuh"
+#include "quant/quantize_bf16_tile.cuh"
+
+using namespace mok_qtile;
+
+/* The tile of this CTA: row-major over the tiles (kBand 1, as the library's kernels), or in bands of
+ * kBand tile rows walked column by column. */
+template <int kBand>
+__device__ __forceinline__ tile_thread banded_tile(const tile_args& a) {
+    if (kBand == 1) return tile_thread_of(a);
+    const int nbm = (int)((a.M + kTile - 1) / kTile), per_band = kBand * a.nbn, b = (int)blockIdx.x;
+    const int band = b / per_band, in = b - band * per_band;
+    const int rows = nbm - band * kBand < kBand ? nbm - band * kBand : kBand;
+    return tile_thread_at(a, band * kBand + in % rows, in / rows);
+}
+
+template <int B, bool kMx, bool kRows, bool kCols, int kBand>
+__global__ void __launch_bounds__(kThreads) rowcol_variant_kernel(const tile_args a) {
+    __shared__ rowcol_smem<B> s;
+    const tile_thread t = banded_tile<kBand>(a);
+    uint32_t w[8][4];
+    load_block(a, t, w);
+    quantize_tile_block<B, kMx, kRows, kCols>(a, t, w, s);
+}
+
+/* The loads and the block maxima only; one word stored in the (never taken) case that a maximum
+ * has every bit set, so that nothing is optimised away. */
+__global__ void __launch_bounds__(kThreads) load_only_kernel(const tile_args a) {
+    const tile_thread t = tile_thread_of(a);
+    uint32_t w[8][4], rm[4], cm[4];
+    load_block(a, t, w);
+    block_maxima(w, rm, cm);
+    if ((rm[0] & rm[1] & rm[2] & rm[3] & cm[0] & cm[1] & cm[2] & cm[3]) == 0xFFFFFFFFu) a.q[threadIdx.x] = 1;
+}
+
+int main(int argc, char** argv) {
+    std::vector<int64_t> probs = {65536, 7168, 131072, 2048, 28672, 4096};
+    if (argc > 2) {
+        probs.clear();
+        for (int i = 1; i + 1 < argc; i += 2) {
+            probs.push_back(atoll(argv[i]));
+            probs.push_back(atoll(argv[i + 1]));
+        }
+    }
+#if defined(MOK_QUOT_SIGN_OR) && MOK_QUOT_SIGN_OR
+    const char* form = "earlier quotient form (sign put back)";
+#else
+    const char* form = "quotient form without the sign fix-up";
+#endif
+    printf("rowcol_timing: %s\n", form);
+    for (size_t pi = 0; pi < probs.size(); pi += 2) {
+        const int64_t M = probs[pi], N = probs[pi + 1];
+        __nv_bfloat16 *x, *y;
+        uint8_t *q, *qt;
+        float *sc, *st;
+        CHECK(cudaMalloc(&x, M * N * 2));
+        CHECK(cudaMalloc(&y, M * N * 2));
+        CHECK(cudaMalloc(&q, M * N));
+        CHECK(cudaMalloc(&qt, M * N));
+        CHECK(cudaMalloc(&sc, M * ((N + 31) / 32) * 4));
+        CHECK(cudaMalloc(&st, N * ((M + 31) / 32) * 4));
+        fill_kernel<<<1024, 256>>>((uint16_t*)x, M * N, 1234u);
+        const tile_args t = tile_args_of(x, M, N, q, sc, qt, st);
+        const unsigned tiles = (unsigned)tile_count(M, N);
+        const double copy_ms = time_ms([&] { copy_kernel<<<132 * 8, 256>>>((const uint4*)x, (uint4*)y, M * N * 2 / 16); });
+        const double copy_tbps = 4.0 * M * N / copy_ms / 1e9;
+        printf("M=%lld N=%lld: copy %.3f ms (%.2f TB/s)\n", (long long)M, (long long)N, copy_ms, copy_tbps);
+        struct V {
+            const char* name;
+            void (*k)(const tile_args);
+            double bytes_per_elt; /* read + written, scales left out */
+            bool compare;
+        };
+        const std::vector<V> vs = {
+            {"rowcol 1x128", rowcol_variant_kernel<128, false, true, true, 1>, 4.0, true},
+            {"rowcol 1x128 band8", rowcol_variant_kernel<128, false, true, true, 8>, 4.0, true},
+            {"rows half 1x128", rowcol_variant_kernel<128, false, true, false, 1>, 3.0, false},
+            {"cols half 1x128", rowcol_variant_kernel<128, false, false, true, 1>, 3.0, false},
+            {"loads + maxima", load_only_kernel, 2.0, false},
+            {"rowcol mxfp8", rowcol_variant_kernel<32, true, true, true, 1>, 4.0, false},
+            {"rowcol 1x128 (again)", rowcol_variant_kernel<128, false, true, true, 1>, 4.0, false},
+        };
+        std::vector<uint8_t> ref_q, ref_qt;
+        for (const V& v : vs) {
+            const double ms = time_ms([&] { v.k<<<tiles, kThreads>>>(t); });
+            const char* same = "";
+            if (v.compare) {
+                std::vector<uint8_t> hq = host_bytes(q, M * N), hqt = host_bytes(qt, M * N);
+                if (ref_q.empty()) {
+                    ref_q = hq;
+                    ref_qt = hqt;
+                    same = "  codes: ref";
+                } else {
+                    same = hq == ref_q && hqt == ref_qt ? "  codes: same" : "  codes: DIFFERENT";
+                }
+            }
+            const double tbps = v.bytes_per_elt * M * N / ms / 1e9;
+            printf("  %-22s %.3f ms  %.2f TB/s  %.2f of copy%s\n", v.name, ms, tbps, tbps / copy_tbps, same);
+        }
+        cudaFree(x), cudaFree(y), cudaFree(q), cudaFree(qt), cudaFree(sc), cudaFree(st);
+    }
+    return 0;
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One device call that reads hardware counters (Nsight Compute, clocks left alone) of the FP8 path's
+# memory-bound kernels and the FP8 GEMM (benchmarks/ncu_profile.py says which launches): per-kernel
+# sections in $OUT/ncu_sections.txt, and per-SASS-instruction stall samples of the rowcol quantiser
+# and the FP8 GEMM in $OUT/ncu_sass_{rowcol,gemm}.csv.gz. About 3 minutes on an H100.
+#   bash benchmarks/run_ncu_session.sh             # on the GPU machine, from the repo root
+# TESTS=1 first runs the GPU suite ($OUT/gpu_tests.txt); ROWCOL_AB=1 also times the rowcol quantiser's
+# variants stand-alone (benchmarks/rowcol_timing.cu), built with this tree's quotient form and with the
+# earlier one (-DMOK_QUOT_SIGN_OR=1), two rounds in turn ($OUT/rowcol_timing.txt); BENCH_QUANT=1 runs
+# bench_quant.py ($OUT/bench_quant.md).
+cd "$(dirname "$0")/.."
+source benchmarks/gpu_session.sh
+T0=$SECONDS
+if [ -n "${TESTS:-}" ]; then
+    timeout 240 python3 -m pytest tests -q -m gpu -p no:cacheprovider > "$OUT/gpu_tests.txt" 2>&1
+    echo "GPU suite ($((SECONDS - T0)) s): $(tail -1 "$OUT/gpu_tests.txt")"
+    grep FAILED "$OUT/gpu_tests.txt" | head -20
+fi
+if [ -n "${ROWCOL_AB:-}" ]; then
+    for d in 0 1; do
+        nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DMOK_QUOT_SIGN_OR=$d -Icsrc/cuda -Ibenchmarks \
+            -o /tmp/mok_rct$d benchmarks/rowcol_timing.cu &
+    done
+    wait
+    for round in 1 2; do for d in 0 1; do timeout 60 /tmp/mok_rct$d; done; done > "$OUT/rowcol_timing.txt" 2>&1
+    echo "rowcol timing ($((SECONDS - T0)) s):"; cat "$OUT/rowcol_timing.txt"
+fi
+if [ -n "${BENCH_QUANT:-}" ]; then
+    timeout 120 python3 benchmarks/bench_quant.py --out /tmp/mok_bench_quant.json > /tmp/mok_bench_quant.txt 2>&1
+    cp /tmp/mok_bench_quant.md "$OUT/bench_quant.md" 2>/dev/null || tail -20 /tmp/mok_bench_quant.txt
+    echo "bench_quant ($((SECONDS - T0)) s):"; grep -E "copy|rowcol|1x128 " "$OUT/bench_quant.md" | grep -v unfused | cut -c1-120
+fi
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+echo "ncu: $NCU"
+FILTER='regex:quantize_rows_bf16|quantize_rowcol|swiglu_quantize_bf16|grouped_gemm_fp8'
+timeout 300 "$NCU" --clock-control none --kernel-name "$FILTER" \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+    --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
+    python3 benchmarks/ncu_profile.py > "$OUT/ncu_sections.txt" 2>&1
+echo "sections ($((SECONDS - T0)) s): $(grep -c 'Section: Warp State' "$OUT/ncu_sections.txt") kernels"
+for k in rowcol:quantize_rowcol_bf16_kernel gemm:grouped_gemm_fp8; do
+    name=${k%%:*}
+    timeout 200 "$NCU" --clock-control none --kernel-name "regex:${k#*:}" -c 1 --section SourceCounters \
+        --section WarpStateStats -f -o "/tmp/ncu_$name" python3 benchmarks/ncu_profile.py > "/tmp/ncu_$name.log" 2>&1 ||
+        tail -5 "/tmp/ncu_$name.log"
+    "$NCU" -i "/tmp/ncu_$name.ncu-rep" --page source --print-source sass --csv 2>&1 | gzip > "$OUT/ncu_sass_$name.csv.gz"
+    echo "sass $name ($((SECONDS - T0)) s): $(zcat "$OUT/ncu_sass_$name.csv.gz" | wc -l) lines"
+done
+# the summary: per kernel, duration, throughput and the top stall reasons
+grep -E "^  [a-zA-Z_].*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Issue Slots Busy|No Eligible|Theoretical Occupancy" \
+    "$OUT/ncu_sections.txt" | cut -c1-140 | head -90
