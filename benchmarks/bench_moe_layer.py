@@ -7,8 +7,8 @@ GEMMs of the backward in FP8 too, 'mok_fp8_all' with the two weight-gradient GEM
 forward's GEMM1 as the fused SwiGLU GEMM instead of the plain FP8 GEMM then the SwiGLU op (same bits),
 'mok_fp8_dgrad_swq' and 'mok_fp8_all_swq' with the opt-in one-node path whose SwiGLU quantises its
 result in the same kernel both ways, 'mok_fp8_all_swq_fwd' in the forward only
-(mok._fp8_experts.FUSED_SWIGLU_QUANT, v39; same bits), 'mok_fp8_all_pq1' / 'mok_fp8_all_pq2' with the
-experimental persistent rowcol quantiser (MOK_QUANT_ROWCOL_PERSISTENT=1 / 2, v40; same bits),
+(mok._fp8_experts.FUSED_SWIGLU_QUANT, v39; same bits), 'mok_fp8_all_pf' with the rowcol quantiser's
+experimental L2 prefetch of the tile 396 launches ahead (MOK_QUANT_ROWCOL_PREFETCH=396, v42; same bits),
 'mok_mxfp8' recipe="mxfp8" (every GEMM
 on MXFP8-rounded operands, run on the BF16 kernels), all compared with the BF16 layers at the FP8
 tolerance; 'vs mok' is mok's BF16 fwd+bwd time over the row's.
@@ -61,7 +61,7 @@ ROUTINGS = ("balanced", "skewed")
 ZIPF_EXPONENT = 1.2
 # eager first: the reference for errors and ratios
 IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_fp8_all_fused", "mok_fp8_dgrad_swq",
-         "mok_fp8_all_swq", "mok_fp8_all_swq_fwd", "mok_fp8_all_pq1", "mok_fp8_all_pq2",
+         "mok_fp8_all_swq", "mok_fp8_all_swq_fwd", "mok_fp8_all_pf",
          "mok_mxfp8", "compiled", "naive")
 NAIVE_MAX_S = 1.0  # --naive auto: time the naive loop only if one fwd+bwd takes less than this
 ERR_TOL = 2e-2
@@ -182,7 +182,7 @@ def _env_set(env: Dict[str, str]):
 
 def _with_env(fn, **env):
     """fn marked to run (forward and backward) with these environment variables: the CUDA launchers'
-    experiment switches, e.g. MOK_QUANT_ROWCOL_PERSISTENT (v40; the same bits)."""
+    experiment switches, e.g. MOK_QUANT_ROWCOL_PREFETCH (v42; the same bits)."""
     run = functools.partial(fn)
     run.mok_env = env
     return run
@@ -350,12 +350,9 @@ def impl_table(dev, compiled=False):
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True)),
              "mok_fp8_all_swq_fwd": _swiglu_quant(functools.partial(
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True), backward=False),
-             "mok_fp8_all_pq1": _with_env(functools.partial(
+             "mok_fp8_all_pf": _with_env(functools.partial(
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True),
-                 MOK_QUANT_ROWCOL_PERSISTENT="1"),
-             "mok_fp8_all_pq2": _with_env(functools.partial(
-                 mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True),
-                 MOK_QUANT_ROWCOL_PERSISTENT="2"),
+                 MOK_QUANT_ROWCOL_PREFETCH="396"),
              "mok_mxfp8": functools.partial(mok.functional.moe_experts, recipe="mxfp8"),
              "naive": baselines.naive_experts}
     if compiled:

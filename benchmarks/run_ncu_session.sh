@@ -4,10 +4,8 @@
 # sections in $OUT/ncu_sections.txt, and per-SASS-instruction stall samples of the rowcol quantiser
 # and the FP8 GEMM in $OUT/ncu_sass_{rowcol,gemm}.csv.gz. About 3 minutes on an H100.
 #   bash benchmarks/run_ncu_session.sh             # on the GPU machine, from the repo root
-# TESTS=1 first runs the GPU suite ($OUT/gpu_tests.txt); ROWCOL_AB=1 also times the rowcol quantiser's
-# variants stand-alone (benchmarks/rowcol_timing.cu), built with this tree's quotient form and with the
-# earlier one (-DMOK_QUOT_SIGN_OR=1), two rounds in turn ($OUT/rowcol_timing.txt); BENCH_QUANT=1 runs
-# bench_quant.py ($OUT/bench_quant.md).
+# TESTS=1 first runs the GPU suite ($OUT/gpu_tests.txt); BENCH_QUANT=1 runs bench_quant.py
+# ($OUT/bench_quant.md).
 cd "$(dirname "$0")/.."
 source benchmarks/gpu_session.sh
 T0=$SECONDS
@@ -15,15 +13,6 @@ if [ -n "${TESTS:-}" ]; then
     timeout 240 python3 -m pytest tests -q -m gpu -p no:cacheprovider > "$OUT/gpu_tests.txt" 2>&1
     echo "GPU suite ($((SECONDS - T0)) s): $(tail -1 "$OUT/gpu_tests.txt")"
     grep FAILED "$OUT/gpu_tests.txt" | head -20
-fi
-if [ -n "${ROWCOL_AB:-}" ]; then
-    for d in 0 1; do
-        nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DMOK_QUOT_SIGN_OR=$d -Icsrc/cuda -Ibenchmarks \
-            -o /tmp/mok_rct$d benchmarks/rowcol_timing.cu &
-    done
-    wait
-    for round in 1 2; do for d in 0 1; do timeout 60 /tmp/mok_rct$d; done; done > "$OUT/rowcol_timing.txt" 2>&1
-    echo "rowcol timing ($((SECONDS - T0)) s):"; cat "$OUT/rowcol_timing.txt"
 fi
 if [ -n "${BENCH_QUANT:-}" ]; then
     timeout 120 python3 benchmarks/bench_quant.py --out /tmp/mok_bench_quant.json > /tmp/mok_bench_quant.txt 2>&1

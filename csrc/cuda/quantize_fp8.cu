@@ -25,7 +25,6 @@
 #include "common/launch.cuh"
 #include "common/vec.cuh"
 #include "quant/quantize_bf16_tile.cuh"
-#include "quant/quantize_rowcol_persistent.cuh"
 
 namespace {
 
@@ -235,24 +234,6 @@ extern "C" int mok_quantize_fp8_cuda(const struct mok_quantize_fp8_args* a, cuda
     }
 }
 
-/* The persistent rowcol kernel (EXPERIMENTAL, v40): as many CTAs as fit on the SMs (or one per tile,
- * if fewer), with kBuffers 32 KiB tile buffers each. */
-template <int B, bool kMx, int kBuffers>
-static int launch_rowcol_persistent(const mok_qtile::tile_args& t, int64_t tiles, cudaStream_t stream) {
-    using namespace mok_qtile;
-    auto* kernel = quantize_rowcol_bf16_persistent_kernel<B, kMx, kBuffers>;
-    const size_t smem = sizeof(rowcol_persistent_smem<B, kBuffers>);
-    /* (per device and cheap: set and queried on every call rather than cached for one device) */
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    int per_sm = 0;
-    if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem);
-    if (err != cudaSuccess) return (int)err;
-    const int64_t cap = (int64_t)(per_sm > 0 ? per_sm : 1) * mok_num_sms();
-    const unsigned grid = (unsigned)(tiles < cap ? tiles : cap);
-    kernel<<<grid, kThreads, smem, stream>>>(t, tiles);
-    return mok_launch_status();
-}
-
 extern "C" int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol_args* a, cudaStream_t stream) {
     using namespace mok_qtile;
     MOK_CHECK_ARG(a != NULL && a->M >= 0 && a->N >= 0 &&
@@ -262,19 +243,13 @@ extern "C" int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol
     MOK_CHECK_ARG(a->x != NULL && a->q != NULL && a->scales != NULL && a->qt != NULL && a->scales_t != NULL);
     const int64_t tiles = tile_count(a->M, a->N);
     MOK_CHECK_ARG(tiles <= MOK_INT32_LIMIT);
-    const tile_args t = tile_args_of(static_cast<const __nv_bfloat16*>(a->x), a->M, a->N, a->q, a->scales, a->qt,
-                                     a->scales_t);
-    /* MOK_QUANT_ROWCOL_PERSISTENT=1 or 2 (tile buffers per CTA): the persistent kernel (EXPERIMENTAL,
-     * performance log v40; read on every call so that one process can compare); needs 16-byte
-     * aligned rows of x */
-    const bool mx = a->recipe == MOK_FP8_MXFP8;
-    if (t.vec && env_equals("MOK_QUANT_ROWCOL_PERSISTENT", "1"))
-        return mx ? launch_rowcol_persistent<32, true, 1>(t, tiles, stream)
-                  : launch_rowcol_persistent<128, false, 1>(t, tiles, stream);
-    if (t.vec && env_equals("MOK_QUANT_ROWCOL_PERSISTENT", "2"))
-        return mx ? launch_rowcol_persistent<32, true, 2>(t, tiles, stream)
-                  : launch_rowcol_persistent<128, false, 2>(t, tiles, stream);
-    if (mx) {
+    tile_args t = tile_args_of(static_cast<const __nv_bfloat16*>(a->x), a->M, a->N, a->q, a->scales, a->qt,
+                               a->scales_t);
+    /* MOK_QUANT_ROWCOL_PREFETCH=K: each CTA prefetches into L2 the tile K launches ahead (EXPERIMENTAL,
+     * performance log v42; read on every call so that one process can compare) */
+    const char* ahead = getenv("MOK_QUANT_ROWCOL_PREFETCH");
+    if (ahead != NULL) t.prefetch_ahead = atoi(ahead) > 0 ? atoi(ahead) : 0;
+    if (a->recipe == MOK_FP8_MXFP8) {
         quantize_rowcol_bf16_kernel<32, true><<<(unsigned)tiles, kThreads, 0, stream>>>(t);
     } else {
         quantize_rowcol_bf16_kernel<128, false><<<(unsigned)tiles, kThreads, 0, stream>>>(t);

@@ -12,11 +12,6 @@
  * shared by the CTA's threads, and left as they were by the previous CTA (like real shared memory,
  * nothing zeroes them).
  *
- * cp.async (ptx/cp_async.cuh) is modelled per thread, as on the device: a copy lands either at once
- * (emu::lazy_copies() false: a buffer refilled before its thread has read it shows up as wrong data)
- * or only when its thread's cp_async_wait_group retires its group (true: a read without the wait
- * sees stale bytes, and so does a thread reading bytes that another thread copied).
- *
  * What it does NOT model: the device's arithmetic (the intrinsics below are IEEE host operations
  * with denormals, which is what the kernels rely on), memory ordering, bank conflicts, timing.
  */
@@ -65,9 +60,6 @@ struct Thread {
     int src = 0;          /* the lane it reads */
     uint32_t result = 0;  /* what it got */
     long shuffles = 0;    /* shuffles done: all lanes of one exchange must agree */
-    /* cp.async copies not yet landed (lazy mode): the open group, then committed groups, oldest first */
-    std::vector<std::function<void()>> open_copies;
-    std::vector<std::vector<std::function<void()>>> copy_groups;
 };
 
 struct Cta {
@@ -80,11 +72,6 @@ struct Cta {
 inline Cta*& cta() {
     static Cta* c = nullptr;
     return c;
-}
-
-inline bool& lazy_copies() {
-    static bool lazy = false;
-    return lazy;
 }
 
 }  // namespace emu
@@ -150,8 +137,6 @@ inline void launch(unsigned grid, unsigned block, const std::function<void()>& k
             makecontext(&t.ctx, entry, 0);
             t.state = kRunnable;
             t.shuffles = 0;
-            t.open_copies.clear();
-            t.copy_groups.clear();
         }
         for (;;) {
             for (unsigned t = 0; t < block; ++t)
@@ -219,39 +204,27 @@ inline float __shfl_sync(unsigned mask, float v, int src_lane) {
 
 inline uint4 __ldg(const uint4* p) { return *p; }
 
-/* ---- ptx/cp_async.cuh, emulated (the real header is skipped) ---- */
-#define MOK_CUDA_PTX_CP_ASYNC_CUH
-
-inline void cp_async_16(void* dst, const void* src, uint32_t src_bytes) {
-    if ((uintptr_t)dst % 16 != 0 || (uintptr_t)src % 16 != 0 || src_bytes > 16)
-        throw std::runtime_error("emu: cp.async of 16 bytes needs 16-byte aligned addresses");
-    uint8_t bytes[16] = {0};
-    auto land = [dst, src, src_bytes, bytes]() mutable {
-        memcpy(bytes, src, src_bytes);
-        memcpy(dst, bytes, 16);
-    };
-    emu::Cta& c = *emu::cta();
-    if (emu::lazy_copies()) c.threads[c.current].open_copies.push_back(land);
-    else land();
+/* ---- ptx/prefetch.cuh, emulated (the real header is skipped): a prefetch does nothing, but its
+ * address must lie inside the buffer the test names (emu::prefetch_bounds; unchecked when empty) ---- */
+#define MOK_CUDA_PTX_PREFETCH_CUH
+namespace emu {
+struct Bounds {
+    const void *lo = nullptr, *hi = nullptr;
+    long count = 0;   /* prefetches seen */
+    long outside = 0; /* of them, outside [lo, hi) (counted, not thrown: a coroutine cannot throw past its scheduler) */
+};
+inline Bounds& prefetch_bounds() {
+    static Bounds b;
+    return b;
 }
-
-inline void cp_async_commit_group() {
-    emu::Thread& me = emu::cta()->threads[emu::cta()->current];
-    me.copy_groups.push_back({});
-    me.copy_groups.back().swap(me.open_copies);
+inline void prefetched(const void* p, uint32_t bytes) {
+    Bounds& b = prefetch_bounds();
+    b.count++;
+    if (b.lo && ((const char*)p < (const char*)b.lo || (const char*)p + bytes > (const char*)b.hi)) b.outside++;
 }
-
-template <int kPending>
-inline void cp_async_wait_group() {
-    emu::Thread& me = emu::cta()->threads[emu::cta()->current];
-    while (me.copy_groups.size() > (size_t)kPending) {
-        for (auto& land : me.copy_groups.front()) land();
-        me.copy_groups.erase(me.copy_groups.begin());
-    }
-}
-
-/* Dynamic shared memory: a function static, shared by the CTA's threads like the __shared__ ones. */
-#define MOK_DYNAMIC_SMEM(name) alignas(128) static uint8_t name[128 << 10]
+}  // namespace emu
+inline void prefetch_l2(const void* p) { emu::prefetched(p, 1); }
+inline void bulk_prefetch_l2(const void* p, uint32_t bytes) { emu::prefetched(p, bytes); }
 
 inline unsigned __vmaxu2(unsigned a, unsigned b) {
     const unsigned lo = std::max(a & 0xFFFFu, b & 0xFFFFu), hi = std::max(a >> 16, b >> 16);

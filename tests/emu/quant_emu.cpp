@@ -1,9 +1,7 @@
 /*
  * mok's bf16 FP8 tile kernels (csrc/cuda/quant/quantize_bf16_tile.cuh) run on the CPU through
  * cuda_emu.h and compared byte for byte with the C core: row-wise quantisation for the three
- * recipes and the fused row-wise + column-wise kernel against quantize(x) and quantize(x^T) (also as
- * the persistent kernel with one and two tile buffers, on 3 CTAs so that each walks several tiles,
- * its cp.async copies landing at issue or only at the wait), on
+ * recipes and the fused row-wise + column-wise kernel against quantize(x) and quantize(x^T), on
  * random bf16 data with edge blocks (zeros, NaN, Inf, saturation, subnormals, quotients below
  * float's normal range, blocks below the division-free threshold), ragged shapes and misaligned
  * pointers; and the SwiGLU + quantisation kernels (quant/swiglu_quantize_tile.cuh, forward and
@@ -16,7 +14,6 @@
 #include "cuda_emu.h"
 
 #include "quant/quantize_bf16_tile.cuh"
-#include "quant/quantize_rowcol_persistent.cuh"
 #include "quant/swiglu_quantize_tile.cuh"
 #include "mok_core.h"
 
@@ -145,13 +142,10 @@ bool launched(const char* label, unsigned grid, const std::function<void()>& ker
     return true;
 }
 
-/* Which rowcol kernel: one CTA per tile, or the persistent one with 1 or 2 tile buffers, its
- * cp.async copies landing at issue (eager) or at the wait (lazy). */
-enum Persistent { kOneCtaPerTile, kOneBufferEager, kOneBufferLazy, kTwoBuffersEager, kTwoBuffersLazy };
-
-/* Runs one kernel on x (placed `offset` elements into its buffer) and checks it against the core. */
-void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset,
-              Persistent persistent = kOneCtaPerTile) {
+/* Runs one kernel on x (placed `offset` elements into its buffer) and checks it against the core.
+ * prefetch_ahead (rowcol): the experimental L2 prefetch of a later tile, its addresses checked to lie
+ * inside x. */
+void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset, int prefetch_ahead = 0) {
     using namespace mok_qtile;
     const std::vector<uint16_t> x = make_input(rng, M, N);
     std::vector<uint16_t> buf(x.size() + 8);
@@ -160,26 +154,17 @@ void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset,
     /* poisoned outputs: whatever the kernel does not write stays 0xA5 */
     std::vector<uint8_t> q((size_t)(M * N), 0xA5), s((size_t)scale_count(r, M, N) * scale_size(r), 0xA5);
     std::vector<uint8_t> qt(rowcol ? (size_t)(M * N) : 0, 0xA5), st(rowcol ? (size_t)scale_count(r, N, M) * scale_size(r) : 0, 0xA5);
-    const tile_args a = tile_args_of(xp, M, N, q.data(), s.data(), rowcol ? qt.data() : nullptr,
-                                     rowcol ? st.data() : nullptr);
-    const int64_t tiles = tile_count(M, N);
-    const unsigned grid = persistent ? (unsigned)(tiles < 3 ? tiles : 3) : (unsigned)tiles;
-    const int buffers = persistent == kOneBufferEager || persistent == kOneBufferLazy ? 1 : 2;
-    const bool lazy = persistent == kOneBufferLazy || persistent == kTwoBuffersLazy;
-    char label[200];
-    snprintf(label, sizeof label, "%s %s M=%lld N=%lld offset=%d vec=%d vec_t=%d%s", rowcol ? "rowcol" : "rows",
-             name_of(r), (long long)M, (long long)N, offset, a.vec, a.vec_t,
-             !persistent ? "" : buffers == 1 ? (lazy ? " persistent, 1 buffer, copies land at the wait"
-                                                     : " persistent, 1 buffer, copies land at issue")
-                                             : (lazy ? " persistent, 2 buffers, copies land at the wait"
-                                                     : " persistent, 2 buffers, copies land at issue"));
-    emu::lazy_copies() = lazy;
+    tile_args a = tile_args_of(xp, M, N, q.data(), s.data(), rowcol ? qt.data() : nullptr,
+                               rowcol ? st.data() : nullptr);
+    a.prefetch_ahead = prefetch_ahead;
+    emu::prefetch_bounds() = emu::Bounds{xp, xp + M * N, 0, 0};
+    const unsigned grid = (unsigned)tile_count(M, N);
+    char label[180];
+    snprintf(label, sizeof label, "%s %s M=%lld N=%lld offset=%d vec=%d vec_t=%d prefetch_ahead=%d",
+             rowcol ? "rowcol" : "rows", name_of(r), (long long)M, (long long)N, offset, a.vec, a.vec_t,
+             prefetch_ahead);
     const bool ok = launched(label, grid, [&] {
-        if (persistent && r == kMx && buffers == 1) quantize_rowcol_bf16_persistent_kernel<32, true, 1>(a, tiles);
-        else if (persistent && r == kMx) quantize_rowcol_bf16_persistent_kernel<32, true, 2>(a, tiles);
-        else if (persistent && buffers == 1) quantize_rowcol_bf16_persistent_kernel<128, false, 1>(a, tiles);
-        else if (persistent) quantize_rowcol_bf16_persistent_kernel<128, false, 2>(a, tiles);
-        else if (rowcol && r == kMx) quantize_rowcol_bf16_kernel<32, true>(a);
+        if (rowcol && r == kMx) quantize_rowcol_bf16_kernel<32, true>(a);
         else if (rowcol) quantize_rowcol_bf16_kernel<128, false>(a);
         else if (r == kMx) quantize_rows_bf16_kernel<32, true>(a);
         else if (r == k128x128) quantize_tile128_bf16_kernel(a);
@@ -188,6 +173,23 @@ void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset,
     if (!ok) return;
     expect_core_quantization(r, x, M, N, q, s, label, "");
     if (rowcol) expect_core_quantization(r, transpose(x, M, N), N, M, qt, st, label, " transposed");
+    /* a prefetch for every existing 16-byte piece of the tiles `ahead` launches later */
+    if (prefetch_ahead > 0 && a.vec) {
+        const int64_t tiles = tile_count(M, N), later = tiles > prefetch_ahead ? tiles - prefetch_ahead : 0;
+        int64_t want = 0;
+        for (int64_t k = prefetch_ahead; k < tiles; ++k) {
+            const int64_t tm = k / a.nbn, tn = k % a.nbn;
+            want += (std::min<int64_t>(M, 128 * tm + 128) - 128 * tm) * ((std::min<int64_t>(N, 128 * tn + 128) - 128 * tn) / 8);
+        }
+        const emu::Bounds& b = emu::prefetch_bounds();
+        if (b.count != want || b.outside != 0 || (later > 0 && want == 0)) {
+            ++failed;
+            printf("FAIL %s: %ld prefetches (%ld outside x), want %lld\n", label, b.count, b.outside, (long long)want);
+        } else {
+            ++passed;
+        }
+    }
+    emu::prefetch_bounds() = emu::Bounds{};
 }
 
 uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(mok_from_acc<__nv_bfloat16>(v)); }
@@ -260,15 +262,10 @@ int main(int argc, char** argv) {
             if (r != k128x128) run_case(rng, r, true, sh.first, sh.second, 0);
         }
     }
-    /* the persistent rowcol kernel (rows of x 16-byte aligned: N % 8 == 0): ragged edges, and more
-     * tiles than its 3 CTAs, so every buffer is refilled with tiles of other shapes at the edges */
-    std::vector<std::pair<int64_t, int64_t>> persistent_shapes = {{1, 8}, {130, 264}, {300, 136}, {520, 392}, {64, 2048}};
-    persistent_shapes.push_back({1 + rng.below(400), 8 * (1 + rng.below(50))});
-    for (const auto& sh : persistent_shapes)
-        for (Recipe r : {k1x128, kMx})
-            for (Persistent p : {kOneBufferEager, kOneBufferLazy, kTwoBuffersEager, kTwoBuffersLazy})
-                run_case(rng, r, true, sh.first, sh.second, 0, p);
-    emu::lazy_copies() = false;
+    /* the experimental L2 prefetch of a later tile (v42): ragged edges, 1 and 5 tiles ahead */
+    for (const auto& sh : std::vector<std::pair<int64_t, int64_t>>{{130, 264}, {300, 136}, {8, 400}})
+        for (int ahead : {1, 5}) run_case(rng, k1x128, true, sh.first, sh.second, 0, ahead);
+    run_case(rng, kMx, true, 200, 392, 0, 2);
     /* unaligned x (element-wise loads) */
     run_case(rng, k1x128, false, 40, 256, 1);
     run_case(rng, kMx, true, 40, 256, 3);

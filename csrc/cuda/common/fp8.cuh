@@ -75,16 +75,11 @@ __device__ __forceinline__ float mok_dev_div448(float amax) {
  * NOTE: the remainder is taken as q0 * s - x and subtracted (fma(-e, r, q0)), not as x - q0 * s
  * added: the same value wherever it is nonzero, but for x = -0 the last sum is -0 + -0 = -0, where the
  * added form gives +0 and needed the sign of x put back (one more instruction per value; v41).
- * Same bits as that form for every pair (csrc/core/tests/fp8_fast_forms.c, by exhaustion). */
+ * Same bits as that form wherever this one is used (amax = 0 or >= 2^-100; fp8_fast_forms.c, by
+ * exhaustion). */
 __device__ __forceinline__ float mok_dev_quot_by_scale(float x, float s, float r) {
     const float q0 = __fmul_rn(x, r);
-#if defined(MOK_QUOT_SIGN_OR) && MOK_QUOT_SIGN_OR
-    /* the earlier form, kept for the A/B timing of benchmarks/rowcol_timing.cu */
-    const float q1 = __fmaf_rn(__fmaf_rn(-q0, s, x), r, q0);
-    return __uint_as_float(__float_as_uint(q1) | (__float_as_uint(x) & 0x80000000u));
-#else
     return __fmaf_rn(-__fmaf_rn(q0, s, -x), r, q0);
-#endif
 }
 
 /* 2^-e for an E8M0 code 0..254 (e = code - 127), exact as a float (2^-127 is subnormal): x times it

@@ -34,6 +34,7 @@
 #include <cuda_bf16.h>
 
 #include "../common/fp8.cuh"
+#include "../ptx/prefetch.cuh"
 
 namespace mok_qtile {
 
@@ -56,6 +57,7 @@ struct tile_args {
     int nbn;                /* tiles along N */
     int vec;                /* rows of x load as 16 B and rows of q store as 8 B (N % 8 == 0, aligned) */
     int vec_t;              /* rows of qt store as 16 B (M % 16 == 0, aligned) */
+    int prefetch_ahead;     /* rowcol: > 0 prefetches tile blockIdx.x + this into L2 (EXPERIMENTAL, v42) */
 };
 
 static inline tile_args tile_args_of(const __nv_bfloat16* x, int64_t M, int64_t N, uint8_t* q, void* scales,
@@ -71,6 +73,7 @@ static inline tile_args tile_args_of(const __nv_bfloat16* x, int64_t M, int64_t 
     a.nbn = (int)((N + kTile - 1) / kTile);
     a.vec = N % 8 == 0 && ((uintptr_t)x & 15u) == 0 && ((uintptr_t)q & 7u) == 0;
     a.vec_t = qt != 0 && M % 16 == 0 && ((uintptr_t)qt & 15u) == 0;
+    a.prefetch_ahead = 0;
     return a;
 }
 
@@ -140,6 +143,20 @@ __device__ __forceinline__ void load_block(const tile_args& a, const tile_thread
         }
         src += a.N;
     }
+}
+
+/* Prefetch into L2 the block this thread will load for tile `tile` (if it exists): 8 line requests,
+ * no registers held, nothing to wait for. A CTA launched about a wave later then finds its tile in
+ * L2 (EXPERIMENTAL, performance log v42). */
+__device__ __forceinline__ void prefetch_block_l2(const tile_args& a, int64_t tile) {
+    const int64_t tiles = ((a.M + kTile - 1) / kTile) * a.nbn;
+    if (!a.vec || tile >= tiles) return;
+    const tile_thread u = tile_thread_at(a, (int)tile / a.nbn, (int)tile % a.nbn);
+    if (u.cols == 0) return;
+    const __nv_bfloat16* src = a.x + u.r0 * a.N + u.c;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        if (i < u.rows) prefetch_l2(src + i * a.N);
 }
 
 /* Magnitude maxima of the block as bf16 bits: rm[j] holds row 2j (low half) and row 2j + 1 (high
@@ -366,24 +383,16 @@ struct rowcol_smem {
     uint2 codes_t[kTile][kChunks];
 };
 
-/* quantize_tile_block's default hook: nothing. */
-struct no_hook {
-    __device__ __forceinline__ void operator()() const {}
-};
-
 /* Row-wise (1xB along N; kRows) and column-wise (1xB along M, i.e. of x^T; kCols) codes of the
  * tile held in w (each thread its 8 x 8 block, rows past M and columns past N zero). Every thread of
  * the CTA calls it; it may be called again for another tile with the same s (its first barrier
- * comes after every thread has finished reading s the previous time). after_maxima runs in every
- * thread once the block maxima have consumed all of w (so whatever w was loaded from has been
- * read: the persistent kernel refills its tile buffer there). */
-template <int B, bool kMx, bool kRows, bool kCols, typename AfterMaxima = no_hook>
+ * comes after every thread has finished reading s the previous time). */
+template <int B, bool kMx, bool kRows, bool kCols>
 __device__ __forceinline__ void quantize_tile_block(const tile_args& a, const tile_thread& t, const uint32_t (&w)[8][4],
-                                                    rowcol_smem<B>& s, AfterMaxima after_maxima = AfterMaxima()) {
+                                                    rowcol_smem<B>& s) {
     enum { kGroup = B / 8, kColBlocks = kTile / B }; /* chunks per column block: 16 or 4; blocks per tile column */
     uint32_t rm[4], cm[4];
     block_maxima(w, rm, cm);
-    after_maxima();
     if (kCols) s.part[t.g][t.p] = make_uint4(cm[0], cm[1], cm[2], cm[3]);
 
     /* row-wise blocks, stored while the other warps catch up with the barrier */
@@ -458,6 +467,7 @@ __global__ void __launch_bounds__(kThreads) quantize_rowcol_bf16_kernel(const ti
     const tile_thread t = tile_thread_of(a);
     uint32_t w[8][4];
     load_block(a, t, w);
+    if (a.prefetch_ahead > 0) prefetch_block_l2(a, (int64_t)blockIdx.x + a.prefetch_ahead);
     quantize_tile_block<B, kMx, true, true>(a, t, w, s);
 }
 
