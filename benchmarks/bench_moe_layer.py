@@ -7,9 +7,7 @@ GEMMs of the backward in FP8 too, 'mok_fp8_all' with the two weight-gradient GEM
 forward's GEMM1 as the fused SwiGLU GEMM instead of the plain FP8 GEMM then the SwiGLU op (same bits),
 'mok_fp8_dgrad_swq' and 'mok_fp8_all_swq' with the opt-in one-node path whose SwiGLU quantises its
 result in the same kernel both ways, 'mok_fp8_all_swq_fwd' in the forward only
-(mok._fp8_experts.FUSED_SWIGLU_QUANT, v39; same bits), 'mok_fp8_all_pf' with the rowcol quantiser's
-experimental L2 prefetch of the tile 396 launches ahead (MOK_QUANT_ROWCOL_PREFETCH=396, v42; same bits),
-'mok_mxfp8' recipe="mxfp8" (every GEMM
+(mok._fp8_experts.FUSED_SWIGLU_QUANT, v39; same bits), 'mok_mxfp8' recipe="mxfp8" (every GEMM
 on MXFP8-rounded operands, run on the BF16 kernels), all compared with the BF16 layers at the FP8
 tolerance; 'vs mok' is mok's BF16 fwd+bwd time over the row's.
 
@@ -28,7 +26,6 @@ training); fwd+bwd is forward plus torch.autograd.grad for x, topk_w and both we
 difference. TFLOP/s counts 3x the forward expert-GEMM FLOPs of the T*K real rows over fwd+bwd.
 Peak GiB is the memory one fwd+bwd allocates beyond the inputs and weights."""
 import argparse
-import contextlib
 import functools
 import math
 import os
@@ -61,7 +58,7 @@ ROUTINGS = ("balanced", "skewed")
 ZIPF_EXPONENT = 1.2
 # eager first: the reference for errors and ratios
 IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_fp8_all_fused", "mok_fp8_dgrad_swq",
-         "mok_fp8_all_swq", "mok_fp8_all_swq_fwd", "mok_fp8_all_pf",
+         "mok_fp8_all_swq", "mok_fp8_all_swq_fwd",
          "mok_mxfp8", "compiled", "naive")
 NAIVE_MAX_S = 1.0  # --naive auto: time the naive loop only if one fwd+bwd takes less than this
 ERR_TOL = 2e-2
@@ -152,40 +149,13 @@ def step_fns(fn: Callable, inputs, dy):
     x, idx, w, gate_up, down = inputs
     params = [x, w, gate_up, down]
 
-    env = getattr(fn, "mok_env", {})  # launcher switches read per call, so they must cover the backward too
-
     def fwd(_i=0):
-        with _env_set(env):
-            return fn(x, idx, w, gate_up, down)
+        return fn(x, idx, w, gate_up, down)
 
     def fwd_bwd(_i=0):
-        with _env_set(env):
-            return torch.autograd.grad(fwd(), params, dy)
+        return torch.autograd.grad(fwd(), params, dy)
 
     return fwd, fwd_bwd
-
-
-@contextlib.contextmanager
-def _env_set(env: Dict[str, str]):
-    """The environment variables of env set while the block runs, the old values back afterwards."""
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                del os.environ[k]
-            else:
-                os.environ[k] = v
-
-
-def _with_env(fn, **env):
-    """fn marked to run (forward and backward) with these environment variables: the CUDA launchers'
-    experiment switches, e.g. MOK_QUANT_ROWCOL_PREFETCH (v42; the same bits)."""
-    run = functools.partial(fn)
-    run.mok_env = env
-    return run
 
 
 def measure(cfg: Config, name: str, fn: Callable, inputs, dy, args, ref: Optional[Dict]) -> Dict:
@@ -350,9 +320,6 @@ def impl_table(dev, compiled=False):
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True)),
              "mok_fp8_all_swq_fwd": _swiglu_quant(functools.partial(
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True), backward=False),
-             "mok_fp8_all_pf": _with_env(functools.partial(
-                 mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True),
-                 MOK_QUANT_ROWCOL_PREFETCH="396"),
              "mok_mxfp8": functools.partial(mok.functional.moe_experts, recipe="mxfp8"),
              "naive": baselines.naive_experts}
     if compiled:

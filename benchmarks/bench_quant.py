@@ -1,7 +1,5 @@
 """FP8 quantisers against the device copy ceiling: mok.fp8.quantize for each recipe,
-mok.fp8.quantize_rowcol (row-wise + column-wise copies from one read of x; on CUDA also with the
-experimental L2 prefetch of the tile 396 or 792 launches ahead, MOK_QUANT_ROWCOL_PREFETCH, outputs checked
-bitwise against the default's) and, for comparison, the
+mok.fp8.quantize_rowcol (row-wise + column-wise copies from one read of x) and, for comparison, the
 same two copies made unfused (quantize(x) + quantize(x.t().contiguous())), mok.fp8.qdq_mxfp8 (the
 MXFP8 recipe's bf16 rounding: row-wise, and row- and column-wise from one read), and a plain copy of
 the same tensor (x.clone()), in one run on the same input, as TB/s of bytes read + written.
@@ -31,19 +29,6 @@ COLUMNS = [("shape", "shape", ""), ("impl", "impl", ""), ("M", "M", ""), ("N", "
            ("tbps", "TB/s", ".2f"), ("vs_copy", "vs copy", ".2f")]
 
 
-def rowcol_prefetch(x, recipe, ahead):
-    """mok.fp8.quantize_rowcol with the experimental L2 prefetch (the switch is read per call)."""
-    old = os.environ.get("MOK_QUANT_ROWCOL_PREFETCH")
-    os.environ["MOK_QUANT_ROWCOL_PREFETCH"] = ahead
-    try:
-        return mok.fp8.quantize_rowcol(x, recipe)
-    finally:
-        if old is None:
-            del os.environ["MOK_QUANT_ROWCOL_PREFETCH"]
-        else:
-            os.environ["MOK_QUANT_ROWCOL_PREFETCH"] = old
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common.add_common_args(p, "bench_quant", iters=20, warmup=3)
@@ -69,13 +54,6 @@ def main(argv=None):
             impls = {"rowcol " + recipe: lambda _i: mok.fp8.quantize_rowcol(x, recipe),
                      "unfused " + recipe: lambda _i: (mok.fp8.quantize(x, recipe),
                                                       mok.fp8.quantize(x.t().contiguous(), recipe))}
-            if dev.type == "cuda":
-                want = mok.fp8.quantize_rowcol(x, recipe)
-                for ahead in ("396", "792"):
-                    fn = lambda _i, k=ahead: rowcol_prefetch(x, recipe, k)  # noqa: E731
-                    same = all(torch.equal(u.view(torch.uint8), v.view(torch.uint8)) for u, v in zip(fn(0), want))
-                    impls[f"rowcol prefetch{ahead} {recipe}" + ("" if same else " (OUTPUTS DIFFER)")] = fn
-                del want
             for impl, fn in impls.items():
                 t = common.bench(fn, dev, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2)
                 tbps = nbytes / t["median_ms"] / 1e9

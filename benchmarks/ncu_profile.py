@@ -6,8 +6,7 @@ Compute (ncu reads the counters on the Firecracker GPU machines; the clocks are 
         --section SchedulerStats --section Occupancy --section LaunchStats python3 benchmarks/ncu_profile.py
 
 Launches, in order, on DeepSeek-V3's activation (x [65536, 7168] bf16) unless said: the row-wise 1x128
-quantiser (quantize_rows_bf16_kernel), the rowcol quantiser (default kernel), the rowcol quantiser's
-variant with the L2 prefetch of the tile 396 launches ahead (MOK_QUANT_ROWCOL_PREFETCH=396, v42), the SwiGLU + quantisation forward with both
+quantiser (quantize_rows_bf16_kernel), the rowcol quantiser, the SwiGLU + quantisation forward with both
 copies on Qwen3's h ([131072, 1536]), and the FP8 forward GEMM1 of DeepSeek-V3 (32 experts x 2048 rows,
 N 4096, K 7168). Nothing is timed here: bench_quant.py and bench_gemm_fp8.py do that."""
 import os
@@ -26,9 +25,6 @@ def main():
     x = torch.randn(65536, 7168, device=dev, dtype=torch.bfloat16)
     a_q, a_s = mok.fp8.quantize(x, "blockwise_1x128")           # quantize_rows_bf16_kernel
     mok.fp8.quantize_rowcol(x, "blockwise_1x128")               # quantize_rowcol_bf16_kernel
-    os.environ["MOK_QUANT_ROWCOL_PREFETCH"] = "396"
-    mok.fp8.quantize_rowcol(x, "blockwise_1x128")               # with the L2 prefetch
-    del os.environ["MOK_QUANT_ROWCOL_PREFETCH"]
     h = torch.randn(131072, 1536, device=dev, dtype=torch.bfloat16)
     torch.ops.mok.swiglu_quantize_fp8(h, None, True, True, False)  # swiglu_quantize_bf16_kernel (forward)
     del h

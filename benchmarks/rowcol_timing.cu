@@ -2,17 +2,16 @@
  * Stand-alone timing of the rowcol FP8 quantiser (csrc/cuda/quant/quantize_bf16_tile.cuh) and of
  * variants that place its time: the tile's row half alone, its column half alone, the loads and
  * maxima alone (nothing stored), and the default work with the tiles walked in bands of 8 tile rows
- * (concurrent CTAs then write 1 KiB runs of each qt row instead of 128 bytes), and the default work
- * with an L2 prefetch of the tile 396 or 792 launches ahead, per thread or per row (v42). Random bf16 x on issue
- * 5's quantiser shapes; each variant against a copy of x (same bytes read and written). The band and
- * prefetch variants' codes are compared byte for byte with the default's.
+ * (concurrent CTAs then write 1 KiB runs of each qt row instead of 128 bytes). Random bf16 x on issue
+ * 5's quantiser shapes; each variant against a copy of x (same bytes read and written). The band
+ * variant's codes are compared byte for byte with the default's. (v42's L2-prefetch variants, dropped:
+ * docs/experiments/v42_rowcol_l2_prefetch.patch.)
  *
  *   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -Ibenchmarks -o /tmp/rct benchmarks/rowcol_timing.cu
  *   /tmp/rct [M N]...        # default: DeepSeek-V3's activation, Qwen3's, the Mixtral weight
  */
 #include <stdio.h>
 #include <stdlib.h>
-#include <functional>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -40,26 +39,6 @@ __global__ void __launch_bounds__(kThreads) rowcol_variant_kernel(const tile_arg
     uint32_t w[8][4];
     load_block(a, t, w);
     quantize_tile_block<B, kMx, kRows, kCols>(a, t, w, s);
-}
-
-/* The default work plus an L2 prefetch of the tile `ahead` launches later: per thread (its 8 pieces,
- * kBulk false: the library's prefetch_block_l2) or per row (threads 0..127 one bulk prefetch of a
- * 256-byte row each, kBulk true). */
-template <bool kBulk>
-__global__ void __launch_bounds__(kThreads) rowcol_prefetch_kernel(const tile_args a, int ahead) {
-    __shared__ rowcol_smem<128> s;
-    const tile_thread t = tile_thread_of(a);
-    uint32_t w[8][4];
-    load_block(a, t, w);
-    const int64_t next = (int64_t)blockIdx.x + ahead, tiles = ((a.M + kTile - 1) / kTile) * a.nbn;
-    if (!kBulk) {
-        prefetch_block_l2(a, next);
-    } else if (next < tiles && threadIdx.x < kTile) {
-        const int64_t m0 = next / a.nbn * kTile, n0 = next % a.nbn * kTile, r = m0 + threadIdx.x;
-        const int64_t cols = a.N - n0 < kTile ? a.N - n0 : kTile;
-        if (r < a.M) bulk_prefetch_l2(a.x + r * a.N + n0, (uint32_t)(cols * 2));
-    }
-    quantize_tile_block<128, false, true, true>(a, t, w, s);
 }
 
 /* The loads and the block maxima only; one word stored in the (never taken) case that a maximum
@@ -113,26 +92,9 @@ int main(int argc, char** argv) {
             {"rowcol mxfp8", rowcol_variant_kernel<32, true, true, true, 1>, 4.0, false},
             {"rowcol 1x128 (again)", rowcol_variant_kernel<128, false, true, true, 1>, 4.0, false},
         };
-        struct P {
-            const char* name;
-            void (*k)(const tile_args, int);
-            int ahead;
-        };
-        const std::vector<P> ps = {{"prefetch lines +396", rowcol_prefetch_kernel<false>, 396},
-                                   {"prefetch lines +792", rowcol_prefetch_kernel<false>, 792},
-                                   {"prefetch rows +396", rowcol_prefetch_kernel<true>, 396},
-                                   {"prefetch rows +792", rowcol_prefetch_kernel<true>, 792}};
-        std::vector<V> all = vs;
-        std::vector<std::function<void()>> launches;
-        for (const V& v : vs) launches.push_back([&, v] { v.k<<<tiles, kThreads>>>(t); });
-        for (const P& p : ps) {
-            all.push_back({p.name, nullptr, 4.0, true});
-            launches.push_back([&, p] { p.k<<<tiles, kThreads>>>(t, p.ahead); });
-        }
         std::vector<uint8_t> ref_q, ref_qt;
-        for (size_t i = 0; i < all.size(); ++i) {
-            const V& v = all[i];
-            const double ms = time_ms(launches[i]);
+        for (const V& v : vs) {
+            const double ms = time_ms([&] { v.k<<<tiles, kThreads>>>(t); });
             const char* same = "";
             if (v.compare) {
                 std::vector<uint8_t> hq = host_bytes(q, M * N), hqt = host_bytes(qt, M * N);

@@ -13,7 +13,7 @@
 # LAYER_IMPLS=a,b,... replaces the layer run's impls. SQ_TIMING=1 also times the SwiGLU + quantisation
 # kernels' variants stand-alone (benchmarks/swiglu_quant_timing.cu; $OUT/swiglu_quant_timing.txt).
 # ROWCOL_TIMING=1 also times the rowcol quantiser's variants stand-alone (benchmarks/rowcol_timing.cu:
-# its halves, its loads, a banded walk, L2 prefetches; $OUT/rowcol_timing.txt).
+# its halves, its loads, a banded walk; $OUT/rowcol_timing.txt).
 # TAILS=1 also measures how far the FP8 layer's y and gradients land from the emulation over 150 seeds
 # ($OUT/fp8_tails.md; tests/test_fp8_experts.py's tolerances).
 # TRACE=1 also traces the Qwen3 layer kernel by kernel in BF16, FP8 dgrad and all-FP8 ($OUT/trace_qwen3_fp8.txt).
@@ -48,7 +48,7 @@ if [ -n "${SQ_TIMING:-}" ]; then
 fi
 
 if [ -n "${ROWCOL_TIMING:-}" ]; then
-    # the rowcol quantiser's variants stand-alone: its halves, its loads, a banded walk, L2 prefetches (v41, v42)
+    # the rowcol quantiser's variants stand-alone: its halves, its loads, a banded walk (v41)
     nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -Ibenchmarks -o /tmp/mok_rct \
         benchmarks/rowcol_timing.cu && timeout 90 /tmp/mok_rct > "$OUT/rowcol_timing.txt" 2>&1
     echo "rowcol_timing ($((SECONDS - T0)) s):"; cat "$OUT/rowcol_timing.txt"

@@ -225,22 +225,6 @@ def test_cuda_bf16_tile_kernels_large_and_misaligned(recipe):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ahead", ["1", "396"])
-@pytest.mark.parametrize("recipe", ROWCOL_RECIPES)
-def test_cuda_rowcol_with_l2_prefetch_matches_the_c_core(monkeypatch, recipe, ahead):
-    # EXPERIMENTAL (MOK_QUANT_ROWCOL_PREFETCH=K, read per call; v42): each CTA also prefetches into L2
-    # the tile K launches later. Prefetches change no result: the same bits as the C core on ragged
-    # shapes and on more tiles than K (the last K CTAs prefetch nothing).
-    monkeypatch.setenv("MOK_QUANT_ROWCOL_PREFETCH", ahead)
-    for shape in [(1, 8), (130, 264), (300, 77), (4000, 4104)] + _random_shapes(2):
-        x = _inputs_with_edge_blocks(shape, torch.bfloat16)
-        rc = mok.fp8.quantize_rowcol(x.cuda(), recipe)
-        assert_same_quantization((rc.q, rc.scales), mok.fp8.quantize(x, recipe), f"{shape} row-wise")
-        assert_same_quantization((rc.qt, rc.scales_t), mok.fp8.quantize(x.t().contiguous(), recipe),
-                                 f"{shape} column-wise")
-
-
-@pytest.mark.gpu
 def test_cuda_rowcol_is_deterministic_and_leaves_no_gaps():
     # Outputs are fresh tensors: fill the caching allocator with 0xA5 first, so any byte the kernel
     # fails to write shows up as a difference from the C core.

@@ -243,12 +243,8 @@ extern "C" int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol
     MOK_CHECK_ARG(a->x != NULL && a->q != NULL && a->scales != NULL && a->qt != NULL && a->scales_t != NULL);
     const int64_t tiles = tile_count(a->M, a->N);
     MOK_CHECK_ARG(tiles <= MOK_INT32_LIMIT);
-    tile_args t = tile_args_of(static_cast<const __nv_bfloat16*>(a->x), a->M, a->N, a->q, a->scales, a->qt,
-                               a->scales_t);
-    /* MOK_QUANT_ROWCOL_PREFETCH=K: each CTA prefetches into L2 the tile K launches ahead (EXPERIMENTAL,
-     * performance log v42; read on every call so that one process can compare) */
-    const char* ahead = getenv("MOK_QUANT_ROWCOL_PREFETCH");
-    if (ahead != NULL) t.prefetch_ahead = atoi(ahead) > 0 ? atoi(ahead) : 0;
+    const tile_args t = tile_args_of(static_cast<const __nv_bfloat16*>(a->x), a->M, a->N, a->q, a->scales, a->qt,
+                                     a->scales_t);
     if (a->recipe == MOK_FP8_MXFP8) {
         quantize_rowcol_bf16_kernel<32, true><<<(unsigned)tiles, kThreads, 0, stream>>>(t);
     } else {

@@ -204,28 +204,6 @@ inline float __shfl_sync(unsigned mask, float v, int src_lane) {
 
 inline uint4 __ldg(const uint4* p) { return *p; }
 
-/* ---- ptx/prefetch.cuh, emulated (the real header is skipped): a prefetch does nothing, but its
- * address must lie inside the buffer the test names (emu::prefetch_bounds; unchecked when empty) ---- */
-#define MOK_CUDA_PTX_PREFETCH_CUH
-namespace emu {
-struct Bounds {
-    const void *lo = nullptr, *hi = nullptr;
-    long count = 0;   /* prefetches seen */
-    long outside = 0; /* of them, outside [lo, hi) (counted, not thrown: a coroutine cannot throw past its scheduler) */
-};
-inline Bounds& prefetch_bounds() {
-    static Bounds b;
-    return b;
-}
-inline void prefetched(const void* p, uint32_t bytes) {
-    Bounds& b = prefetch_bounds();
-    b.count++;
-    if (b.lo && ((const char*)p < (const char*)b.lo || (const char*)p + bytes > (const char*)b.hi)) b.outside++;
-}
-}  // namespace emu
-inline void prefetch_l2(const void* p) { emu::prefetched(p, 1); }
-inline void bulk_prefetch_l2(const void* p, uint32_t bytes) { emu::prefetched(p, bytes); }
-
 inline unsigned __vmaxu2(unsigned a, unsigned b) {
     const unsigned lo = std::max(a & 0xFFFFu, b & 0xFFFFu), hi = std::max(a >> 16, b >> 16);
     return lo | (hi << 16);

@@ -34,7 +34,6 @@
 #include <cuda_bf16.h>
 
 #include "../common/fp8.cuh"
-#include "../ptx/prefetch.cuh"
 
 namespace mok_qtile {
 
@@ -57,7 +56,6 @@ struct tile_args {
     int nbn;                /* tiles along N */
     int vec;                /* rows of x load as 16 B and rows of q store as 8 B (N % 8 == 0, aligned) */
     int vec_t;              /* rows of qt store as 16 B (M % 16 == 0, aligned) */
-    int prefetch_ahead;     /* rowcol: > 0 prefetches tile blockIdx.x + this into L2 (EXPERIMENTAL, v42) */
 };
 
 static inline tile_args tile_args_of(const __nv_bfloat16* x, int64_t M, int64_t N, uint8_t* q, void* scales,
@@ -73,7 +71,6 @@ static inline tile_args tile_args_of(const __nv_bfloat16* x, int64_t M, int64_t 
     a.nbn = (int)((N + kTile - 1) / kTile);
     a.vec = N % 8 == 0 && ((uintptr_t)x & 15u) == 0 && ((uintptr_t)q & 7u) == 0;
     a.vec_t = qt != 0 && M % 16 == 0 && ((uintptr_t)qt & 15u) == 0;
-    a.prefetch_ahead = 0;
     return a;
 }
 
@@ -143,20 +140,6 @@ __device__ __forceinline__ void load_block(const tile_args& a, const tile_thread
         }
         src += a.N;
     }
-}
-
-/* Prefetch into L2 the block this thread will load for tile `tile` (if it exists): 8 line requests,
- * no registers held, nothing to wait for. A CTA launched about a wave later then finds its tile in
- * L2 (EXPERIMENTAL, performance log v42). */
-__device__ __forceinline__ void prefetch_block_l2(const tile_args& a, int64_t tile) {
-    const int64_t tiles = ((a.M + kTile - 1) / kTile) * a.nbn;
-    if (!a.vec || tile >= tiles) return;
-    const tile_thread u = tile_thread_at(a, (int)tile / a.nbn, (int)tile % a.nbn);
-    if (u.cols == 0) return;
-    const __nv_bfloat16* src = a.x + u.r0 * a.N + u.c;
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-        if (i < u.rows) prefetch_l2(src + i * a.N);
 }
 
 /* Magnitude maxima of the block as bf16 bits: rm[j] holds row 2j (low half) and row 2j + 1 (high
@@ -467,7 +450,6 @@ __global__ void __launch_bounds__(kThreads) quantize_rowcol_bf16_kernel(const ti
     const tile_thread t = tile_thread_of(a);
     uint32_t w[8][4];
     load_block(a, t, w);
-    if (a.prefetch_ahead > 0) prefetch_block_l2(a, (int64_t)blockIdx.x + a.prefetch_ahead);
     quantize_tile_block<B, kMx, true, true>(a, t, w, s);
 }
 
