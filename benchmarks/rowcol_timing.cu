@@ -2,9 +2,10 @@
  * Stand-alone timing of the rowcol FP8 quantiser (csrc/cuda/quant/quantize_bf16_tile.cuh) and of
  * variants that place its time: the tile's row half alone, its column half alone, the loads and
  * maxima alone (nothing stored), and the default work with the tiles walked in bands of 8 tile rows
- * (concurrent CTAs then write 1 KiB runs of each qt row instead of 128 bytes). Random bf16 x on issue
- * 5's quantiser shapes; each variant against a copy of x (same bytes read and written). The band
- * variant's codes are compared byte for byte with the default's. (v42's L2-prefetch variants, dropped:
+ * (concurrent CTAs then write 1 KiB runs of each qt row instead of 128 bytes), and the experimental strip
+ * kernel (one CTA per 4 or 8 tiles down M, column scales written as whole sectors; v43). Random bf16 x on issue
+ * 5's quantiser shapes; each variant against a copy of x (same bytes read and written). The band and
+ * strip variants' codes and scales are compared byte for byte with the default kernel's. (v42's L2-prefetch variants, dropped:
  * docs/experiments/v42_rowcol_l2_prefetch.patch.)
  *
  *   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -Ibenchmarks -o /tmp/rct benchmarks/rowcol_timing.cu
@@ -81,29 +82,42 @@ int main(int argc, char** argv) {
             const char* name;
             void (*k)(const tile_args);
             double bytes_per_elt; /* read + written, scales left out */
-            bool compare;
+            int compare;          /* 1: codes and scales against the first 1x128 row; 2: against the first MXFP8 row */
+            int strip;            /* > 0: a quantize_rowcol_strip_bf16_kernel launch (v43) */
         };
         const std::vector<V> vs = {
-            {"rowcol 1x128", rowcol_variant_kernel<128, false, true, true, 1>, 4.0, true},
-            {"rowcol 1x128 band8", rowcol_variant_kernel<128, false, true, true, 8>, 4.0, true},
-            {"rows half 1x128", rowcol_variant_kernel<128, false, true, false, 1>, 3.0, false},
-            {"cols half 1x128", rowcol_variant_kernel<128, false, false, true, 1>, 3.0, false},
-            {"loads + maxima", load_only_kernel, 2.0, false},
-            {"rowcol mxfp8", rowcol_variant_kernel<32, true, true, true, 1>, 4.0, false},
-            {"rowcol 1x128 (again)", rowcol_variant_kernel<128, false, true, true, 1>, 4.0, false},
+            {"rowcol 1x128", rowcol_variant_kernel<128, false, true, true, 1>, 4.0, 1, 0},
+            {"rowcol 1x128 strip4", quantize_rowcol_strip_bf16_kernel<128, false, 4>, 4.0, 1, 4},
+            {"rowcol 1x128 strip8", quantize_rowcol_strip_bf16_kernel<128, false, 8>, 4.0, 1, 8},
+            {"rowcol 1x128 band8", rowcol_variant_kernel<128, false, true, true, 8>, 4.0, 1, 0},
+            {"rows half 1x128", rowcol_variant_kernel<128, false, true, false, 1>, 3.0, 0, 0},
+            {"cols half 1x128", rowcol_variant_kernel<128, false, false, true, 1>, 3.0, 0, 0},
+            {"loads + maxima", load_only_kernel, 2.0, 0, 0},
+            {"rowcol mxfp8", rowcol_variant_kernel<32, true, true, true, 1>, 4.0, 2, 0},
+            {"rowcol mxfp8 strip8", quantize_rowcol_strip_bf16_kernel<32, true, 8>, 4.0, 2, 8},
+            {"rowcol 1x128 (again)", rowcol_variant_kernel<128, false, true, true, 1>, 4.0, 0, 0},
         };
-        std::vector<uint8_t> ref_q, ref_qt;
+        const int64_t sbytes = M * ((N + 31) / 32) * 4, stbytes = N * ((M + 31) / 32) * 4;
+        std::vector<uint8_t> ref[3][4]; /* per compare group: q, qt, scales, scales_t */
         for (const V& v : vs) {
-            const double ms = time_ms([&] { v.k<<<tiles, kThreads>>>(t); });
+            const unsigned grid = v.strip ? (unsigned)strip_count(M, N, v.strip) : tiles;
+            if (v.compare) {
+                CHECK(cudaMemset(sc, 0xA5, sbytes));
+                CHECK(cudaMemset(st, 0xA5, stbytes));
+            }
+            const double ms = time_ms([&] { v.k<<<grid, kThreads>>>(t); });
             const char* same = "";
             if (v.compare) {
-                std::vector<uint8_t> hq = host_bytes(q, M * N), hqt = host_bytes(qt, M * N);
-                if (ref_q.empty()) {
-                    ref_q = hq;
-                    ref_qt = hqt;
-                    same = "  codes: ref";
+                std::vector<uint8_t> got[4] = {host_bytes(q, M * N), host_bytes(qt, M * N), host_bytes(sc, sbytes),
+                                               host_bytes(st, stbytes)};
+                std::vector<uint8_t>* want = ref[v.compare];
+                if (want[0].empty()) {
+                    for (int i = 0; i < 4; ++i) want[i] = got[i];
+                    same = "  codes, scales: ref";
                 } else {
-                    same = hq == ref_q && hqt == ref_qt ? "  codes: same" : "  codes: DIFFERENT";
+                    bool eq = true;
+                    for (int i = 0; i < 4; ++i) eq = eq && got[i] == want[i];
+                    same = eq ? "  codes, scales: same" : "  codes, scales: DIFFERENT";
                 }
             }
             const double tbps = v.bytes_per_elt * M * N / ms / 1e9;

@@ -142,8 +142,9 @@ bool launched(const char* label, unsigned grid, const std::function<void()>& ker
     return true;
 }
 
-/* Runs one kernel on x (placed `offset` elements into its buffer) and checks it against the core. */
-void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset) {
+/* Runs one kernel on x (placed `offset` elements into its buffer) and checks it against the core.
+ * strip (rowcol): the experimental strip kernel with strips of 4 or 8 tiles (v43) instead. */
+void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset, int strip = 0) {
     using namespace mok_qtile;
     const std::vector<uint16_t> x = make_input(rng, M, N);
     std::vector<uint16_t> buf(x.size() + 8);
@@ -154,12 +155,16 @@ void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset)
     std::vector<uint8_t> qt(rowcol ? (size_t)(M * N) : 0, 0xA5), st(rowcol ? (size_t)scale_count(r, N, M) * scale_size(r) : 0, 0xA5);
     const tile_args a = tile_args_of(xp, M, N, q.data(), s.data(), rowcol ? qt.data() : nullptr,
                                      rowcol ? st.data() : nullptr);
-    const unsigned grid = (unsigned)tile_count(M, N);
-    char label[160];
-    snprintf(label, sizeof label, "%s %s M=%lld N=%lld offset=%d vec=%d vec_t=%d", rowcol ? "rowcol" : "rows",
-             name_of(r), (long long)M, (long long)N, offset, a.vec, a.vec_t);
+    const unsigned grid = (unsigned)(strip ? strip_count(M, N, strip) : tile_count(M, N));
+    char label[180];
+    snprintf(label, sizeof label, "%s %s M=%lld N=%lld offset=%d vec=%d vec_t=%d strip=%d", rowcol ? "rowcol" : "rows",
+             name_of(r), (long long)M, (long long)N, offset, a.vec, a.vec_t, strip);
     const bool ok = launched(label, grid, [&] {
-        if (rowcol && r == kMx) quantize_rowcol_bf16_kernel<32, true>(a);
+        if (strip == 4 && r == kMx) quantize_rowcol_strip_bf16_kernel<32, true, 4>(a);
+        else if (strip == 4) quantize_rowcol_strip_bf16_kernel<128, false, 4>(a);
+        else if (strip == 8 && r == kMx) quantize_rowcol_strip_bf16_kernel<32, true, 8>(a);
+        else if (strip == 8) quantize_rowcol_strip_bf16_kernel<128, false, 8>(a);
+        else if (rowcol && r == kMx) quantize_rowcol_bf16_kernel<32, true>(a);
         else if (rowcol) quantize_rowcol_bf16_kernel<128, false>(a);
         else if (r == kMx) quantize_rows_bf16_kernel<32, true>(a);
         else if (r == k128x128) quantize_tile128_bf16_kernel(a);
@@ -240,6 +245,12 @@ int main(int argc, char** argv) {
             if (r != k128x128) run_case(rng, r, true, sh.first, sh.second, 0);
         }
     }
+    /* the experimental strip kernel (v43): strips of 4 and 8 tiles down M, ragged last strips and
+     * edges, a misaligned x */
+    for (const auto& sh : std::vector<std::pair<int64_t, int64_t>>{{1, 8}, {130, 264}, {1100, 136}, {520, 77}, {1025, 392}})
+        for (Recipe r : {k1x128, kMx})
+            for (int strip : {4, 8}) run_case(rng, r, true, sh.first, sh.second, 0, strip);
+    run_case(rng, k1x128, true, 600, 96, 1, 8);
     /* unaligned x (element-wise loads) */
     run_case(rng, k1x128, false, 40, 256, 1);
     run_case(rng, kMx, true, 40, 256, 3);

@@ -369,10 +369,13 @@ struct rowcol_smem {
 /* Row-wise (1xB along N; kRows) and column-wise (1xB along M, i.e. of x^T; kCols) codes of the
  * tile held in w (each thread its 8 x 8 block, rows past M and columns past N zero). Every thread of
  * the CTA calls it; it may be called again for another tile with the same s (its first barrier
- * comes after every thread has finished reading s the previous time). */
-template <int B, bool kMx, bool kRows, bool kCols>
+ * comes after every thread has finished reading s the previous time). kStageColScales (EXPERIMENTAL,
+ * v43's strip kernel in benchmarks/rowcol_timing.cu): the column blocks' scales go to
+ * col_scale_stage[kb * 128 + column in the tile] (fp32, or the E8M0 code's bits) instead of
+ * scales_t, written there before the function's second barrier. */
+template <int B, bool kMx, bool kRows, bool kCols, bool kStageColScales = false>
 __device__ __forceinline__ void quantize_tile_block(const tile_args& a, const tile_thread& t, const uint32_t (&w)[8][4],
-                                                    rowcol_smem<B>& s) {
+                                                    rowcol_smem<B>& s, float* col_scale_stage = nullptr) {
     enum { kGroup = B / 8, kColBlocks = kTile / B }; /* chunks per column block: 16 or 4; blocks per tile column */
     uint32_t rm[4], cm[4];
     block_maxima(w, rm, cm);
@@ -403,7 +406,8 @@ __device__ __forceinline__ void quantize_tile_block(const tile_args& a, const ti
         const int64_t col = t.n0 + 8 * pp + c;
         if (col < a.N && t.m0 + kb * B < a.M) {
             const int64_t at = col * nbs_t + (kMx ? (int64_t)t.tm * kColBlocks + kb : t.tm);
-            if (kMx) static_cast<uint8_t*>(a.scales_t)[at] = (uint8_t)b.e8;
+            if (kStageColScales) col_scale_stage[kb * kTile + 8 * pp + c] = kMx ? __uint_as_float(b.e8) : b.s;
+            else if (kMx) static_cast<uint8_t*>(a.scales_t)[at] = (uint8_t)b.e8;
             else static_cast<float*>(a.scales_t)[at] = b.s;
         }
     }
@@ -451,6 +455,52 @@ __global__ void __launch_bounds__(kThreads) quantize_rowcol_bf16_kernel(const ti
     uint32_t w[8][4];
     load_block(a, t, w);
     quantize_tile_block<B, kMx, true, true>(a, t, w, s);
+}
+
+/* EXPERIMENTAL (performance log v43; timed by benchmarks/rowcol_timing.cu, not launched by the library):
+ * the rowcol kernel with one CTA per strip of kStrip tiles down M (tile rows tm0 .. tm0 + kStrip - 1
+ * of one tile column tn, one after another). The strip's column-block scales are staged in shared
+ * memory and leave as kStrip * kColBlocks consecutive entries of each scales_t row (32 bytes for 1x128
+ * and kStrip 8), where the one-CTA-per-tile kernel writes one 4-byte scale per tile and column into a
+ * sector of its own (a fifth of its written sectors; v41). Grid: ceil(nbm / kStrip) * nbn CTAs, tn
+ * fastest. */
+template <int B, bool kMx, int kStrip>
+__global__ void __launch_bounds__(kThreads, 3) quantize_rowcol_strip_bf16_kernel(const tile_args a) {
+    enum { kColBlocks = kTile / B };
+    __shared__ rowcol_smem<B> s;
+    __shared__ float stage[kStrip][kColBlocks * kTile];
+    const int strip = (int)blockIdx.x / a.nbn, tn = (int)blockIdx.x - strip * a.nbn;
+    const int nbm = (int)((a.M + kTile - 1) / kTile), tm0 = strip * kStrip;
+    const int tiles = nbm - tm0 < kStrip ? nbm - tm0 : kStrip;
+    /* NOTE: not unrolled, and three CTAs per SM asked for, as the one-CTA-per-tile kernel gets at 79
+     * registers (unrolled, the loop took 126: two CTAs) */
+#pragma unroll 1
+    for (int i = 0; i < tiles; ++i) {
+        const tile_thread t = tile_thread_at(a, tm0 + i, tn);
+        uint32_t w[8][4];
+        load_block(a, t, w);
+        quantize_tile_block<B, kMx, true, true, true>(a, t, w, s, stage[i]);
+    }
+    /* every stage entry was written before a barrier of the last tile's work: column n's entries
+     * (tile i, block kb) go to scales_t[(n0 + n) * nbs_t + tm0 * kColBlocks + i * kColBlocks + kb],
+     * consecutive lanes on consecutive entries */
+    const int per_col = tiles * kColBlocks;
+    const int64_t nbs_t = (a.M + B - 1) / B, n0 = (int64_t)tn * kTile;
+    for (int u = (int)threadIdx.x; u < kTile * per_col; u += kThreads) {
+        const int n = u / per_col, e = u - n * per_col, i = e / kColBlocks, kb = e - i * kColBlocks;
+        const int64_t col = n0 + n;
+        if (col >= a.N || (int64_t)(tm0 + i) * kTile + kb * B >= a.M) continue;
+        const int64_t at = col * nbs_t + (int64_t)tm0 * kColBlocks + e;
+        const float v = stage[i][kb * kTile + n];
+        if (kMx) static_cast<uint8_t*>(a.scales_t)[at] = (uint8_t)__float_as_uint(v);
+        else static_cast<float*>(a.scales_t)[at] = v;
+    }
+}
+
+/* CTAs of a quantize_rowcol_strip_bf16_kernel launch. */
+static inline int64_t strip_count(int64_t M, int64_t N, int strip) {
+    const int64_t nbm = (M + kTile - 1) / kTile;
+    return (nbm + strip - 1) / strip * ((N + kTile - 1) / kTile);
 }
 
 }  // namespace mok_qtile
