@@ -1,5 +1,7 @@
 """FP8 quantisers against the device copy ceiling: mok.fp8.quantize for each recipe,
-mok.fp8.quantize_rowcol (row-wise + column-wise copies from one read of x) and, for comparison, the
+mok.fp8.quantize_rowcol (row-wise + column-wise copies from one read of x; on CUDA also its
+experimental strip kernel, MOK_QUANT_ROWCOL_STRIP=8, outputs checked bitwise against the default's) and,
+for comparison, the
 same two copies made unfused (quantize(x) + quantize(x.t().contiguous())), mok.fp8.qdq_mxfp8 (the
 MXFP8 recipe's bf16 rounding: row-wise, and row- and column-wise from one read), and a plain copy of
 the same tensor (x.clone()), in one run on the same input, as TB/s of bytes read + written.
@@ -29,6 +31,19 @@ COLUMNS = [("shape", "shape", ""), ("impl", "impl", ""), ("M", "M", ""), ("N", "
            ("tbps", "TB/s", ".2f"), ("vs_copy", "vs copy", ".2f")]
 
 
+def rowcol_strip(x, recipe, strip):
+    """mok.fp8.quantize_rowcol on the experimental strip kernel (the switch is read per call)."""
+    old = os.environ.get("MOK_QUANT_ROWCOL_STRIP")
+    os.environ["MOK_QUANT_ROWCOL_STRIP"] = strip
+    try:
+        return mok.fp8.quantize_rowcol(x, recipe)
+    finally:
+        if old is None:
+            del os.environ["MOK_QUANT_ROWCOL_STRIP"]
+        else:
+            os.environ["MOK_QUANT_ROWCOL_STRIP"] = old
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common.add_common_args(p, "bench_quant", iters=20, warmup=3)
@@ -54,6 +69,12 @@ def main(argv=None):
             impls = {"rowcol " + recipe: lambda _i: mok.fp8.quantize_rowcol(x, recipe),
                      "unfused " + recipe: lambda _i: (mok.fp8.quantize(x, recipe),
                                                       mok.fp8.quantize(x.t().contiguous(), recipe))}
+            if dev.type == "cuda":
+                want = mok.fp8.quantize_rowcol(x, recipe)
+                strip = lambda _i: rowcol_strip(x, recipe, "8")  # noqa: E731
+                same = all(torch.equal(u.view(torch.uint8), v.view(torch.uint8)) for u, v in zip(strip(0), want))
+                impls["rowcol strip8 " + recipe + ("" if same else " (OUTPUTS DIFFER)")] = strip
+                del want
             for impl, fn in impls.items():
                 t = common.bench(fn, dev, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2)
                 tbps = nbytes / t["median_ms"] / 1e9

@@ -225,6 +225,25 @@ def test_cuda_bf16_tile_kernels_large_and_misaligned(recipe):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("strip", ["4", "8"])
+@pytest.mark.parametrize("recipe", ROWCOL_RECIPES)
+def test_cuda_rowcol_strip_kernel_matches_the_c_core(monkeypatch, recipe, strip):
+    # EXPERIMENTAL (MOK_QUANT_ROWCOL_STRIP=4 or 8, read per call; v43): one CTA per strip of tiles down M,
+    # the column scales staged and written per strip. Shapes: one tile, ragged edges and last strips
+    # (M not a multiple of 128 * strip), misaligned rows (N % 8 != 0: element-wise loads), and many
+    # strips. Outputs land in memory filled with 0xA5 first: a byte never written shows.
+    monkeypatch.setenv("MOK_QUANT_ROWCOL_STRIP", strip)
+    for shape in [(1, 8), (130, 264), (300, 77), (2100, 136), (4000, 4104)] + _random_shapes(2):
+        junk = torch.full((1 << 25,), 0xA5, dtype=torch.uint8, device="cuda")
+        del junk
+        x = _inputs_with_edge_blocks(shape, torch.bfloat16)
+        rc = mok.fp8.quantize_rowcol(x.cuda(), recipe)
+        assert_same_quantization((rc.q, rc.scales), mok.fp8.quantize(x, recipe), f"{shape} row-wise")
+        assert_same_quantization((rc.qt, rc.scales_t), mok.fp8.quantize(x.t().contiguous(), recipe),
+                                 f"{shape} column-wise")
+
+
+@pytest.mark.gpu
 def test_cuda_rowcol_is_deterministic_and_leaves_no_gaps():
     # Outputs are fresh tensors: fill the caching allocator with 0xA5 first, so any byte the kernel
     # fails to write shows up as a difference from the C core.

@@ -245,7 +245,19 @@ extern "C" int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol
     MOK_CHECK_ARG(tiles <= MOK_INT32_LIMIT);
     const tile_args t = tile_args_of(static_cast<const __nv_bfloat16*>(a->x), a->M, a->N, a->q, a->scales, a->qt,
                                      a->scales_t);
-    if (a->recipe == MOK_FP8_MXFP8) {
+    /* MOK_QUANT_ROWCOL_STRIP=4 or 8: the strip kernel (EXPERIMENTAL, performance log v43; read on every
+     * call so that one process can compare; not yet run through this launcher on a GPU) */
+    const bool mx = a->recipe == MOK_FP8_MXFP8;
+    const int strip = env_equals("MOK_QUANT_ROWCOL_STRIP", "4") ? 4 : env_equals("MOK_QUANT_ROWCOL_STRIP", "8") ? 8 : 0;
+    if (strip) {
+        const unsigned grid = (unsigned)strip_count(a->M, a->N, strip);
+        if (strip == 4 && mx) quantize_rowcol_strip_bf16_kernel<32, true, 4><<<grid, kThreads, 0, stream>>>(t);
+        else if (strip == 4) quantize_rowcol_strip_bf16_kernel<128, false, 4><<<grid, kThreads, 0, stream>>>(t);
+        else if (mx) quantize_rowcol_strip_bf16_kernel<32, true, 8><<<grid, kThreads, 0, stream>>>(t);
+        else quantize_rowcol_strip_bf16_kernel<128, false, 8><<<grid, kThreads, 0, stream>>>(t);
+        return mok_launch_status();
+    }
+    if (mx) {
         quantize_rowcol_bf16_kernel<32, true><<<(unsigned)tiles, kThreads, 0, stream>>>(t);
     } else {
         quantize_rowcol_bf16_kernel<128, false><<<(unsigned)tiles, kThreads, 0, stream>>>(t);

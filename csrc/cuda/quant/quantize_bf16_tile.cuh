@@ -457,23 +457,25 @@ __global__ void __launch_bounds__(kThreads) quantize_rowcol_bf16_kernel(const ti
     quantize_tile_block<B, kMx, true, true>(a, t, w, s);
 }
 
-/* EXPERIMENTAL (performance log v43; timed by benchmarks/rowcol_timing.cu, not launched by the library):
+/* EXPERIMENTAL (performance log v43; timed by benchmarks/rowcol_timing.cu; the library launches it only
+ * under MOK_QUANT_ROWCOL_STRIP=4 or 8):
  * the rowcol kernel with one CTA per strip of kStrip tiles down M (tile rows tm0 .. tm0 + kStrip - 1
  * of one tile column tn, one after another). The strip's column-block scales are staged in shared
  * memory and leave as kStrip * kColBlocks consecutive entries of each scales_t row (32 bytes for 1x128
  * and kStrip 8), where the one-CTA-per-tile kernel writes one 4-byte scale per tile and column into a
  * sector of its own (a fifth of its written sectors; v41). Grid: ceil(nbm / kStrip) * nbn CTAs, tn
- * fastest. */
-template <int B, bool kMx, int kStrip>
-__global__ void __launch_bounds__(kThreads, 3) quantize_rowcol_strip_bf16_kernel(const tile_args a) {
+ * fastest. kMinBlocks: CTAs per SM asked of ptxas (3: the default kernel's occupancy). */
+template <int B, bool kMx, int kStrip, int kMinBlocks = 3>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_rowcol_strip_bf16_kernel(const tile_args a) {
     enum { kColBlocks = kTile / B };
+    static_assert(sizeof(rowcol_smem<B>) + kStrip * kColBlocks * kTile * sizeof(float) <= 48 * 1024,
+                  "static shared memory is limited to 48 KiB: MXFP8 strips of at most 8 tiles");
     __shared__ rowcol_smem<B> s;
     __shared__ float stage[kStrip][kColBlocks * kTile];
     const int strip = (int)blockIdx.x / a.nbn, tn = (int)blockIdx.x - strip * a.nbn;
     const int nbm = (int)((a.M + kTile - 1) / kTile), tm0 = strip * kStrip;
     const int tiles = nbm - tm0 < kStrip ? nbm - tm0 : kStrip;
-    /* NOTE: not unrolled, and three CTAs per SM asked for, as the one-CTA-per-tile kernel gets at 79
-     * registers (unrolled, the loop took 126: two CTAs) */
+    /* NOTE: not unrolled (unrolled, the loop took 126 registers: two CTAs per SM) */
 #pragma unroll 1
     for (int i = 0; i < tiles; ++i) {
         const tile_thread t = tile_thread_at(a, tm0 + i, tn);
