@@ -2,7 +2,8 @@
 # One device call that reads hardware counters (Nsight Compute, clocks left alone) of the FP8 path's
 # memory-bound kernels and the FP8 GEMM (benchmarks/ncu_profile.py says which launches): per-kernel
 # sections in $OUT/ncu_sections.txt, and per-SASS-instruction stall samples of the rowcol quantiser
-# and the FP8 GEMM in $OUT/ncu_sass_{rowcol,gemm}.csv.gz. About 3 minutes on an H100.
+# and the FP8 GEMM in $OUT/ncu_sass_{rowcol,gemm}.csv.gz. The profiling takes about 40 s after the build
+# on an H100 (v41).
 #   bash benchmarks/run_ncu_session.sh             # on the GPU machine, from the repo root
 # TESTS=1 first runs the GPU suite ($OUT/gpu_tests.txt); BENCH_QUANT=1 runs bench_quant.py
 # ($OUT/bench_quant.md).

@@ -370,7 +370,7 @@ struct rowcol_smem {
  * tile held in w (each thread its 8 x 8 block, rows past M and columns past N zero). Every thread of
  * the CTA calls it; it may be called again for another tile with the same s (its first barrier
  * comes after every thread has finished reading s the previous time). kStageColScales (EXPERIMENTAL,
- * v43's strip kernel in benchmarks/rowcol_timing.cu): the column blocks' scales go to
+ * for quantize_rowcol_strip_bf16_kernel below, v43): the column blocks' scales go to
  * col_scale_stage[kb * 128 + column in the tile] (fp32, or the E8M0 code's bits) instead of
  * scales_t, written there before the function's second barrier. */
 template <int B, bool kMx, bool kRows, bool kCols, bool kStageColScales = false>
