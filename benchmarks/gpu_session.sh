@@ -18,3 +18,10 @@ MAX_JOBS=16 python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OU
 }
 echo "build: $((SECONDS - start)) s"
 python3 -c "import mok; print('cuda kernels:', mok.has_cuda_kernels())"
+
+# The GPU suite into $OUT/gpu_tests.txt, its last line and any failures printed (T0: the caller's start).
+run_gpu_suite() {
+    timeout 240 python3 -m pytest tests -q -m gpu -p no:cacheprovider > "$OUT/gpu_tests.txt" 2>&1
+    echo "GPU suite ($((SECONDS - ${T0:-0})) s): $(tail -1 "$OUT/gpu_tests.txt")"
+    grep FAILED "$OUT/gpu_tests.txt" | head -20
+}

@@ -53,14 +53,7 @@ __global__ void __launch_bounds__(kThreads) load_only_kernel(const tile_args a) 
 }
 
 int main(int argc, char** argv) {
-    std::vector<int64_t> probs = {65536, 7168, 131072, 2048, 28672, 4096};
-    if (argc > 2) {
-        probs.clear();
-        for (int i = 1; i + 1 < argc; i += 2) {
-            probs.push_back(atoll(argv[i]));
-            probs.push_back(atoll(argv[i + 1]));
-        }
-    }
+    const std::vector<int64_t> probs = problems_from_args(argc, argv, {65536, 7168, 131072, 2048, 28672, 4096});
     for (size_t pi = 0; pi < probs.size(); pi += 2) {
         const int64_t M = probs[pi], N = probs[pi + 1];
         __nv_bfloat16 *x, *y;

@@ -11,9 +11,7 @@ cd "$(dirname "$0")/.."
 source benchmarks/gpu_session.sh
 T0=$SECONDS
 if [ -n "${TESTS:-}" ]; then
-    timeout 240 python3 -m pytest tests -q -m gpu -p no:cacheprovider > "$OUT/gpu_tests.txt" 2>&1
-    echo "GPU suite ($((SECONDS - T0)) s): $(tail -1 "$OUT/gpu_tests.txt")"
-    grep FAILED "$OUT/gpu_tests.txt" | head -20
+    run_gpu_suite
 fi
 if [ -n "${BENCH_QUANT:-}" ]; then
     timeout 120 python3 benchmarks/bench_quant.py --out /tmp/mok_bench_quant.json > /tmp/mok_bench_quant.txt 2>&1

@@ -25,14 +25,7 @@ struct Out {
 };
 
 int main(int argc, char** argv) {
-    std::vector<int64_t> probs = {131072, 768, 16384, 14336, 65536, 2048};
-    if (argc > 2) {
-        probs.clear();
-        for (int i = 1; i + 1 < argc; i += 2) {
-            probs.push_back(atoll(argv[i]));
-            probs.push_back(atoll(argv[i + 1]));
-        }
-    }
+    const std::vector<int64_t> probs = problems_from_args(argc, argv, {131072, 768, 16384, 14336, 65536, 2048});
     for (size_t pi = 0; pi < probs.size(); pi += 2) {
         const int64_t R = probs[pi], I = probs[pi + 1];
         __nv_bfloat16 *h, *da, *y;

@@ -7,6 +7,7 @@
 #define MOK_BENCHMARKS_TIMING_UTIL_CUH
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -45,6 +46,17 @@ float time_ms(F launch, int iters = 20) {
     CHECK(cudaEventDestroy(a));
     CHECK(cudaEventDestroy(b));
     return ms / iters;
+}
+
+/* The problem sizes of a timing tool: pairs (a, b) from the command line if it has any, else defaults. */
+static inline std::vector<int64_t> problems_from_args(int argc, char** argv, std::vector<int64_t> defaults) {
+    if (argc <= 2) return defaults;
+    std::vector<int64_t> probs;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        probs.push_back(atoll(argv[i]));
+        probs.push_back(atoll(argv[i + 1]));
+    }
+    return probs;
 }
 
 static inline std::vector<uint8_t> host_bytes(const void* p, size_t n) {
