@@ -86,26 +86,10 @@ def quantized_operands(cfg: Config, P):
     return Q
 
 
-def with_env(name, value, fn):
-    """fn run with the environment variable name=value (the launcher reads mok's kernel switches on every
-    call), restoring the caller's value afterwards."""
-    def run():
-        old = os.environ.get(name)
-        os.environ[name] = value
-        try:
-            return fn()
-        finally:
-            if old is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = old
-    return run
-
-
 def narrow_tiles(fn):
     """fn run with MOK_SM90_FP8_BN=128: mok's plain FP8 forward and weight gradient on 128 x 128 tiles
     (their width before v30)."""
-    return with_env("MOK_SM90_FP8_BN", "128", fn)
+    return common.with_env("MOK_SM90_FP8_BN", "128", fn)
 
 
 def pass_impls(cfg: Config, P, Q):

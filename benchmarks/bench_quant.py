@@ -31,19 +31,6 @@ COLUMNS = [("shape", "shape", ""), ("impl", "impl", ""), ("M", "M", ""), ("N", "
            ("tbps", "TB/s", ".2f"), ("vs_copy", "vs copy", ".2f")]
 
 
-def rowcol_strip(x, recipe, strip):
-    """mok.fp8.quantize_rowcol on the experimental strip kernel (the switch is read per call)."""
-    old = os.environ.get("MOK_QUANT_ROWCOL_STRIP")
-    os.environ["MOK_QUANT_ROWCOL_STRIP"] = strip
-    try:
-        return mok.fp8.quantize_rowcol(x, recipe)
-    finally:
-        if old is None:
-            del os.environ["MOK_QUANT_ROWCOL_STRIP"]
-        else:
-            os.environ["MOK_QUANT_ROWCOL_STRIP"] = old
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common.add_common_args(p, "bench_quant", iters=20, warmup=3)
@@ -71,7 +58,7 @@ def main(argv=None):
                                                       mok.fp8.quantize(x.t().contiguous(), recipe))}
             if dev.type == "cuda":
                 want = mok.fp8.quantize_rowcol(x, recipe)
-                strip = lambda _i: rowcol_strip(x, recipe, "8")  # noqa: E731
+                strip = common.with_env("MOK_QUANT_ROWCOL_STRIP", "8", lambda _i: mok.fp8.quantize_rowcol(x, recipe))
                 same = all(torch.equal(u.view(torch.uint8), v.view(torch.uint8)) for u, v in zip(strip(0), want))
                 impls["rowcol strip8 " + recipe + ("" if same else " (OUTPUTS DIFFER)")] = strip
                 del want

@@ -298,3 +298,19 @@ def free_memory(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
+
+
+def with_env(name, value, fn):
+    """fn run with the environment variable name=value (the launcher reads mok's kernel switches on every
+    call), restoring the caller's value afterwards."""
+    def run(*args, **kwargs):
+        old = os.environ.get(name)
+        os.environ[name] = value
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if old is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = old
+    return run
