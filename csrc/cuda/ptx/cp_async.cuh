@@ -1,7 +1,6 @@
 /*
  * cp.async (sm_80+) wrappers: per-thread asynchronous copies global -> shared that bypass the
- * registers. A thread's copies form groups (commit_group); wait_group<N> returns once all but its N
- * most recent groups have landed, for this thread's copies only (another thread's need a barrier).
+ * registers (the FP8 GEMM's scales, the BF16 kernel's gathered rows; both complete on an mbarrier).
  */
 #ifndef MOK_CUDA_PTX_CP_ASYNC_CUH
 #define MOK_CUDA_PTX_CP_ASYNC_CUH
@@ -20,16 +19,6 @@ __device__ __forceinline__ void cp_async_4(void* dst, const void* src, uint32_t 
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, uint32_t src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(mok_smem_u32(dst)), "l"(src), "r"(src_bytes)
                  : "memory");
-}
-
-/* Closes this thread's current group of copies (an empty group is allowed). */
-__device__ __forceinline__ void cp_async_commit_group() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-/* Waits until at most kPending of this thread's groups are still in flight. */
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait_group() {
-    static_assert(kPending >= 0 && kPending <= 7, "cp.async.wait_group takes a small constant");
-    asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
 #endif /* MOK_CUDA_PTX_CP_ASYNC_CUH */
