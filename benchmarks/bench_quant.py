@@ -1,6 +1,7 @@
 """FP8 quantisers against the device copy ceiling: mok.fp8.quantize for each recipe,
-mok.fp8.quantize_rowcol (row-wise + column-wise copies from one read of x; on CUDA also its
-experimental strip kernel, MOK_QUANT_ROWCOL_STRIP=8, outputs checked bitwise against the default's) and,
+mok.fp8.quantize_rowcol (row-wise + column-wise copies from one read of x; on CUDA also each of its
+kernels forced, MOK_QUANT_ROWCOL_STRIP=0 (one CTA per tile), 4 or 8 (strips), outputs checked bitwise
+against the default's) and,
 for comparison, the
 same two copies made unfused (quantize(x) + quantize(x.t().contiguous())), mok.fp8.qdq_mxfp8 (the
 MXFP8 recipe's bf16 rounding: row-wise, and row- and column-wise from one read), and a plain copy of
@@ -57,10 +58,14 @@ def main(argv=None):
                      "unfused " + recipe: lambda _i: (mok.fp8.quantize(x, recipe),
                                                       mok.fp8.quantize(x.t().contiguous(), recipe))}
             if dev.type == "cuda":
+                # the launcher's kernel choices forced (MOK_QUANT_ROWCOL_STRIP: 0 = one CTA per tile, else
+                # tiles per strip), outputs checked bitwise against the default's
                 want = mok.fp8.quantize_rowcol(x, recipe)
-                strip = common.with_env("MOK_QUANT_ROWCOL_STRIP", "8", lambda _i: mok.fp8.quantize_rowcol(x, recipe))
-                same = all(torch.equal(u.view(torch.uint8), v.view(torch.uint8)) for u, v in zip(strip(0), want))
-                impls["rowcol strip8 " + recipe + ("" if same else " (OUTPUTS DIFFER)")] = strip
+                for label, value in (("per-tile", "0"), ("strip4", "4"), ("strip8", "8")):
+                    fn = common.with_env("MOK_QUANT_ROWCOL_STRIP", value,
+                                         lambda _i, r=recipe: mok.fp8.quantize_rowcol(x, r))
+                    same = all(torch.equal(u.view(torch.uint8), v.view(torch.uint8)) for u, v in zip(fn(0), want))
+                    impls[f"rowcol {label} {recipe}" + ("" if same else " (OUTPUTS DIFFER)")] = fn
                 del want
             for impl, fn in impls.items():
                 t = common.bench(fn, dev, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2)

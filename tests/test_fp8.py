@@ -228,7 +228,7 @@ def test_cuda_bf16_tile_kernels_large_and_misaligned(recipe):
 @pytest.mark.parametrize("strip", ["4", "8"])
 @pytest.mark.parametrize("recipe", ROWCOL_RECIPES)
 def test_cuda_rowcol_strip_kernel_matches_the_c_core(monkeypatch, recipe, strip):
-    # EXPERIMENTAL (MOK_QUANT_ROWCOL_STRIP=4 or 8, read per call; v43): one CTA per strip of tiles down M,
+    # MOK_QUANT_ROWCOL_STRIP=4 or 8 (read per call; v43, MXFP8's default on large tensors since v44): one CTA per strip of tiles down M,
     # the column scales staged and written per strip. Shapes: one tile, ragged edges and last strips
     # (M not a multiple of 128 * strip), misaligned rows (N % 8 != 0: element-wise loads), and many
     # strips. Outputs land in memory filled with 0xA5 first: a byte never written shows.
@@ -241,6 +241,31 @@ def test_cuda_rowcol_strip_kernel_matches_the_c_core(monkeypatch, recipe, strip)
         assert_same_quantization((rc.q, rc.scales), mok.fp8.quantize(x, recipe), f"{shape} row-wise")
         assert_same_quantization((rc.qt, rc.scales_t), mok.fp8.quantize(x.t().contiguous(), recipe),
                                  f"{shape} column-wise")
+
+
+def _rowcol_kernels_launched(x, recipe):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = mok.fp8.quantize_rowcol(x, recipe)
+        torch.cuda.synchronize()
+    return out, [e.name for e in prof.events() if "quantize_rowcol" in e.name and "kernel" in e.name]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ROWCOL_RECIPES)
+def test_cuda_rowcol_default_kernel_choice_on_a_large_ragged_tensor(monkeypatch, recipe):
+    # v44: MXFP8 takes the strip kernel by default once its strips of 4 fill 4 waves (here 33 x 57 strips,
+    # over 4 * 3 * 132), 1x128 stays on the per-tile kernel. Both choices must give the bytes of the
+    # per-tile kernel (MOK_QUANT_ROWCOL_STRIP=0), which the tests above hold against the C core.
+    x = _inputs_with_edge_blocks((16384 + 77, 7168 + 40), torch.bfloat16).cuda()
+    monkeypatch.delenv("MOK_QUANT_ROWCOL_STRIP", raising=False)
+    got, kernels = _rowcol_kernels_launched(x, recipe)
+    if torch.cuda.get_device_properties(0).multi_processor_count <= 132:
+        assert len(kernels) == 1 and ("strip" in kernels[0]) == (recipe == "mxfp8"), kernels
+    monkeypatch.setenv("MOK_QUANT_ROWCOL_STRIP", "0")
+    want, kernels = _rowcol_kernels_launched(x, recipe)
+    assert len(kernels) == 1 and "strip" not in kernels[0], kernels
+    for name, u, v in zip(("q", "scales", "qt", "scales_t"), got, want):
+        assert torch.equal(u.view(torch.uint8), v.view(torch.uint8)), name
 
 
 @pytest.mark.gpu

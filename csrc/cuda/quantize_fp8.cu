@@ -213,6 +213,20 @@ int quantize_launch(const struct mok_quantize_fp8_args* a, cudaStream_t stream) 
     return mok_launch_status();
 }
 
+/* Tiles per CTA of the rowcol launch: 0 for the one-CTA-per-tile kernel, else the strip kernel's
+ * strip (4 or 8 tiles down M, column scales written as whole sectors). MXFP8 takes strips of 4 once
+ * they fill at least 4 waves of 3 CTAs per SM: its column scales are single bytes, 512 stores per tile
+ * in the per-tile kernel, and the strip ran 3-6% faster on all three tensors of bench_quant.py
+ * (performance log v43, v44); with fewer strips its serial walk down M costs more than it saves.
+ * 1x128 stays per tile (its strips measured 5-16% slower). MOK_QUANT_ROWCOL_STRIP=0, 4 or 8 forces a
+ * choice (read on every call, so that one process can compare). */
+int rowcol_strip_of(int64_t M, int64_t N, bool mx) {
+    if (env_equals("MOK_QUANT_ROWCOL_STRIP", "0")) return 0;
+    if (env_equals("MOK_QUANT_ROWCOL_STRIP", "4")) return 4;
+    if (env_equals("MOK_QUANT_ROWCOL_STRIP", "8")) return 8;
+    return mx && mok_qtile::strip_count(M, N, 4) >= 4 * 3 * (int64_t)mok_num_sms() ? 4 : 0;
+}
+
 /* Shape and recipe checks shared by both entry points. */
 bool shape_and_recipe_ok(int64_t M, int64_t N, int recipe) {
     return M >= 0 && N >= 0 &&
@@ -245,10 +259,8 @@ extern "C" int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol
     MOK_CHECK_ARG(tiles <= MOK_INT32_LIMIT);
     const tile_args t = tile_args_of(static_cast<const __nv_bfloat16*>(a->x), a->M, a->N, a->q, a->scales, a->qt,
                                      a->scales_t);
-    /* MOK_QUANT_ROWCOL_STRIP=4 or 8: the strip kernel (EXPERIMENTAL, performance log v43; read on every
-     * call so that one process can compare; not yet run through this launcher on a GPU) */
     const bool mx = a->recipe == MOK_FP8_MXFP8;
-    const int strip = env_equals("MOK_QUANT_ROWCOL_STRIP", "4") ? 4 : env_equals("MOK_QUANT_ROWCOL_STRIP", "8") ? 8 : 0;
+    const int strip = rowcol_strip_of(a->M, a->N, mx);
     if (strip) {
         const unsigned grid = (unsigned)strip_count(a->M, a->N, strip);
         if (strip == 4 && mx) quantize_rowcol_strip_bf16_kernel<32, true, 4><<<grid, kThreads, 0, stream>>>(t);

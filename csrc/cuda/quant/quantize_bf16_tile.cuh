@@ -457,8 +457,8 @@ __global__ void __launch_bounds__(kThreads) quantize_rowcol_bf16_kernel(const ti
     quantize_tile_block<B, kMx, true, true>(a, t, w, s);
 }
 
-/* EXPERIMENTAL (performance log v43; timed by benchmarks/rowcol_timing.cu; the library launches it only
- * under MOK_QUANT_ROWCOL_STRIP=4 or 8):
+/* Performance log v43, v44 (timed by benchmarks/rowcol_timing.cu; the launcher's rowcol_strip_of says
+ * when the library takes it: MXFP8 on large tensors, or MOK_QUANT_ROWCOL_STRIP=4 or 8):
  * the rowcol kernel with one CTA per strip of kStrip tiles down M (tile rows tm0 .. tm0 + kStrip - 1
  * of one tile column tn, one after another). The strip's column-block scales are staged in shared
  * memory and leave as kStrip * kColBlocks consecutive entries of each scales_t row (32 bytes for 1x128
