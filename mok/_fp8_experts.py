@@ -73,6 +73,12 @@ FUSED_GATE_UP = False
 FUSED_SWIGLU_QUANT = False
 FUSED_SWIGLU_QUANT_BACKWARD = True
 
+# With fp8_wgrad, x_rows is needed only as its two FP8 copies. True: both straight from x by the plan
+# (torch.ops.mok.quantize_fp8_rowcol_gather: each gathered row read once, the bf16 x_rows never
+# written: 4 bytes moved per element of x_rows instead of the gather's 2-4 and quantize_rowcol's 4);
+# False: the bf16 gather, then quantize_rowcol. The same bits either way. Performance log v45.
+GATHER_QUANT = True
+
 
 def _gate_up_fp8(a_q, a_s, w_q, w_s, offsets):
     """(act, h) of the forward's GEMM1 on FP8 operands (see FUSED_GATE_UP)."""
@@ -123,6 +129,13 @@ def cached_expert_weight_t(w):
     return _cached(w, _CACHE_ATTR_T, lambda t: transpose_expert_codes(*cached_expert_weight(t)))
 
 
+def _rowcol_of_rows(x, src_of_row, top_k, x_rows):
+    """quantize_rowcol of the gathered token rows: of x_rows when given, else straight from x."""
+    if x_rows is None:
+        return fp8.RowCol(*ops.quantize_fp8_rowcol_gather(x, src_of_row, top_k, ACT_RECIPE))
+    return fp8.quantize_rowcol(x_rows, ACT_RECIPE)
+
+
 def _fp8_mm(a, w_q, w_s, offsets):
     """bf16 [R, N] = a [R, K] (quantised here, 1 x 128) @ w^T per expert, FP8 GEMM."""
     a_q, a_s = ops.quantize_fp8(a, ACT_RECIPE)
@@ -153,7 +166,7 @@ class _Fp8GateUp(torch.autograd.Function):
     def forward(ctx, x, gate_up, src_of_row, row_of, top_k, offsets, x_rows, w_q, w_s, wt_q, wt_s, fp8_wgrad):
         xt_q = xt_s = None
         if fp8_wgrad:
-            xq = fp8.quantize_rowcol(x_rows, ACT_RECIPE)
+            xq = _rowcol_of_rows(x, src_of_row, top_k, x_rows)
             act, h = _gate_up_fp8(xq.q, xq.scales, w_q, w_s, offsets)
             (xt_q, xt_s), x_rows = colwise_operand(xq), None
         else:
@@ -243,12 +256,13 @@ class _Fp8Mlp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, gate_up, down, src_of_row, row_of, top_k, offsets, w1_q, w1_s, w2_q, w2_s, w1t_q, w1t_s,
                 w2t_q, w2t_s, wgrad1, wgrad2, keep_act):
-        # gathered here, so that with wgrad1 only its FP8 copies outlive GEMM1
-        x_rows = ops.gather_rows(x, src_of_row, None, top_k, row_of)
+        # gathered here, so that with wgrad1 only its FP8 copies outlive GEMM1 (and with GATHER_QUANT
+        # x_rows is never written)
+        x_rows = None if wgrad1 and GATHER_QUANT else ops.gather_rows(x, src_of_row, None, top_k, row_of)
         xt = None
         xq = None
         if wgrad1:
-            xq = fp8.quantize_rowcol(x_rows, ACT_RECIPE)
+            xq = _rowcol_of_rows(x, src_of_row, top_k, x_rows)
             x_q, x_s = xq.q, xq.scales
             xt, x_rows = colwise_operand(xq), None
         else:
@@ -331,8 +345,10 @@ def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj, fp8_dgrad
                              w1_q, w1_s, w2_q, w2_s, w1t_q, w1t_s, w2t_q, w2t_s, wgrad1, wgrad2, keep_act)
         return ops.combine(rows, plan.row_of, plan.src_of_row, topk_w.to(acc).contiguous())
     # the FP8 GEMM reads rows of A by TMA: one gathered copy of the token rows (also the BF16 weight
-    # gradient's operand)
-    x_rows = ops.gather_rows(x.detach(), plan.src_of_row, None, top_k, plan.row_of)
+    # gradient's operand), or with wgrad1 and GATHER_QUANT only its FP8 copies, made from x
+    x_rows = None
+    if not (wgrad1 and GATHER_QUANT):
+        x_rows = ops.gather_rows(x.detach(), plan.src_of_row, None, top_k, plan.row_of)
     h, act = _Fp8GateUp.apply(x, gate_up_proj, plan.src_of_row, plan.row_of, top_k, plan.offsets, x_rows, w1_q,
                               w1_s, w1t_q, w1t_s, wgrad1)
     del x_rows  # with fp8_wgrad only its FP8 copies live on

@@ -144,6 +144,13 @@ def _quantize_fp8_rowcol_fake(x, recipe):
     return q, scales, qt, x.new_empty(fp8_scale_shape(recipe, N, M), dtype=scale_dtype)
 
 
+@torch.library.register_fake("mok::quantize_fp8_rowcol_gather")
+def _quantize_fp8_rowcol_gather_fake(x, src_of_row, top_k, recipe):
+    if recipe not in ("blockwise_1x128", "mxfp8"):
+        raise ValueError(f"mok.quantize_fp8_rowcol_gather: recipe must be 'blockwise_1x128' or 'mxfp8', got {recipe!r}")
+    return _quantize_fp8_rowcol_fake(x.new_empty((src_of_row.shape[0], x.shape[1])), recipe)
+
+
 @torch.library.register_fake("mok::swiglu_quantize_fp8")
 def _swiglu_quantize_fp8_fake(h, d_act, rows, cols, keep):
     if not (rows or cols):
@@ -318,6 +325,7 @@ ALL_OPS = (
     "quantize_fp8",
     "dequantize_fp8",
     "quantize_fp8_rowcol",
+    "quantize_fp8_rowcol_gather",
     "swiglu_quantize_fp8",
     "grouped_mm_fp8",
     "grouped_mm_fp8_swiglu",

@@ -243,6 +243,51 @@ def test_cuda_rowcol_strip_kernel_matches_the_c_core(monkeypatch, recipe, strip)
                                  f"{shape} column-wise")
 
 
+def _gather_plan(T, K, R, device, gen):
+    # src_of_row as the plan makes it: t * K + k, -1 for padding
+    src = torch.randint(-1, T * K, (R,), generator=gen, dtype=torch.int32)
+    if T * K:
+        src[: min(R, 5)] = T * K - 1  # the last token's row, repeated
+    return src.to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", ROWCOL_RECIPES)
+def test_rowcol_gather_gives_the_rowcol_of_the_gathered_rows(device, recipe):
+    # torch.ops.mok.quantize_fp8_rowcol_gather(x, src, K) = quantize_rowcol(gather_rows(x, src, None, K)),
+    # bit for bit: padding and out-of-range rows, K = 1, T = 1, R = 0, ragged R and N (N % 8 != 0:
+    # element-wise loads), rows repeated, bf16 (the CUDA kernel) and fp32 (the composition).
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
+    for T, K, R, N, dtype in [(1, 1, 1, 8, torch.bfloat16), (7, 1, 130, 264, torch.bfloat16),
+                              (40, 8, 300, 77, torch.bfloat16), (300, 2, 1000, 1000, torch.bfloat16),
+                              (513, 8, 4100, 2048, torch.bfloat16), (20, 4, 0, 128, torch.bfloat16),
+                              (33, 2, 70, 136, torch.float32)]:
+        x = _inputs_with_edge_blocks((T, N), dtype).to(device)
+        src = _gather_plan(T, K, R, device, gen)
+        got = torch.ops.mok.quantize_fp8_rowcol_gather(x, src, K, recipe)
+        want = mok.fp8.quantize_rowcol(torch.ops.mok.gather_rows(x, src, None, K), recipe)
+        for name, u, v in zip(("q", "scales", "qt", "scales_t"), got, want):
+            assert u.shape == v.shape and u.dtype == v.dtype, (name, u.shape, v.shape)
+            assert torch.equal(u.view(torch.uint8), v.view(torch.uint8)), f"T={T} K={K} R={R} N={N}: {name}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rowcol_gather_bad_input_names_the_argument(device):
+    x = torch.randn(4, 128, dtype=torch.bfloat16, device=device)
+    src = torch.zeros(8, dtype=torch.int32, device=device)
+    op = torch.ops.mok.quantize_fp8_rowcol_gather
+    with pytest.raises(ValueError, match="src_of_row"):
+        op(x, src.long(), 2, "blockwise_1x128")
+    with pytest.raises(ValueError, match="src_of_row"):
+        op(x, src.view(2, 4), 2, "blockwise_1x128")
+    with pytest.raises(ValueError, match="top_k"):
+        op(x, src, 0, "blockwise_1x128")
+    with pytest.raises(ValueError, match="recipe"):
+        op(x, src, 2, "blockwise_128x128")
+    with pytest.raises(ValueError, match="x"):
+        op(x[:, :100:2], src, 2, "blockwise_1x128")
+
+
 def _rowcol_kernels_launched(x, recipe):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         out = mok.fp8.quantize_rowcol(x, recipe)

@@ -172,6 +172,25 @@ def test_fused_and_unfused_gate_up_give_the_same_bits(monkeypatch, device, case,
         assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{case}: outputs or gradients differ"
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES[1:5], ids=str)
+@pytest.mark.parametrize("fused_node", [False, True])
+def test_gather_quant_gives_the_bits_of_the_bf16_gather(monkeypatch, device, case, fused_node):
+    # GATHER_QUANT (fp8_wgrad): x_rows' FP8 copies straight from x (True, the default) or from the bf16
+    # gather (False), in the three-node and the one-node path; y and every gradient bitwise the same.
+    x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16, device=device, requires_grad=True)
+    monkeypatch.setattr(mok._fp8_experts, "FUSED_SWIGLU_QUANT", fused_node)
+    results, g = [], None
+    for gather_quant in (True, False):
+        monkeypatch.setattr(mok._fp8_experts, "GATHER_QUANT", gather_quant)
+        y = mok.functional.moe_experts(x, idx, w, gu, dn, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True)
+        if g is None:
+            g = torch.randn_like(y)
+        results.append([y] + list(torch.autograd.grad(y, (x, w, gu, dn), g)))
+    for a, b in zip(*results):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{case}: outputs or gradients differ"
+
+
 def _swiglu_backward(h, d_act):
     """float64 SwiGLU backward of bf16 h, d_act (d_h = [d_gate | d_up])."""
     gate, up = h.chunk(2, dim=-1)

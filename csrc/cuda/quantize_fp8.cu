@@ -257,9 +257,19 @@ extern "C" int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol
     MOK_CHECK_ARG(a->x != NULL && a->q != NULL && a->scales != NULL && a->qt != NULL && a->scales_t != NULL);
     const int64_t tiles = tile_count(a->M, a->N);
     MOK_CHECK_ARG(tiles <= MOK_INT32_LIMIT);
-    const tile_args t = tile_args_of(static_cast<const __nv_bfloat16*>(a->x), a->M, a->N, a->q, a->scales, a->qt,
-                                     a->scales_t);
+    tile_args t = tile_args_of(static_cast<const __nv_bfloat16*>(a->x), a->M, a->N, a->q, a->scales, a->qt,
+                               a->scales_t);
     const bool mx = a->recipe == MOK_FP8_MXFP8;
+    if (a->src_of_row) {
+        /* gathered rows: the per-tile kernel (the strips' serial walk would serialise the index loads too) */
+        MOK_CHECK_ARG(a->T >= 0 && a->K >= 1 && a->K <= MOK_INT32_LIMIT && a->T * a->K <= MOK_INT32_LIMIT);
+        t.src = a->src_of_row;
+        t.src_limit = a->T * a->K;
+        t.top_k = (int)a->K;
+        if (mx) quantize_rowcol_bf16_kernel<32, true, true><<<(unsigned)tiles, kThreads, 0, stream>>>(t);
+        else quantize_rowcol_bf16_kernel<128, false, true><<<(unsigned)tiles, kThreads, 0, stream>>>(t);
+        return mok_launch_status();
+    }
     const int strip = rowcol_strip_of(a->M, a->N, mx);
     if (strip) {
         const unsigned grid = (unsigned)strip_count(a->M, a->N, strip);

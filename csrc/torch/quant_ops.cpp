@@ -134,6 +134,58 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_rowcol(c
     return {q, scales, qt, scales_t};
 }
 
+// quantize_fp8_rowcol(gather_rows(x, src_of_row, None, top_k)): the FP8 copies of the layer's gathered
+// token rows without the bf16 x_rows. CUDA bf16: one kernel reads each gathered row of x once (x_rows is
+// never written, 4 bytes moved per element of x_rows against 8 for the gather then the rowcol pass);
+// otherwise the two ops (the definition).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_rowcol_gather(const at::Tensor& x,
+                                                                                      const at::Tensor& src_of_row,
+                                                                                      int64_t top_k,
+                                                                                      c10::string_view recipe_name) {
+    const char* op = "mok.quantize_fp8_rowcol_gather";
+    const std::string name(recipe_name);
+    const Recipe r = parse_recipe(name, op);
+    TORCH_CHECK_VALUE(r != Recipe::kBlock128x128, op, ": recipe must be 'blockwise_1x128' or 'mxfp8', got '", name, "'");
+    check_dim(x, 2, op, "x", "[T, N]");
+    check_contiguous(x, op, "x");
+    const mok_dtype dt = to_mok_dtype(x, op, "x");
+    check_dim(src_of_row, 1, op, "src_of_row", "[rows]");
+    check_index(src_of_row, x, op, "src_of_row");
+    TORCH_CHECK_VALUE(top_k >= 1, op, ": top_k must be >= 1, got ", top_k);
+#ifdef MOK_WITH_CUDA
+    if (x.is_cuda() && dt == MOK_BF16) {
+        const int64_t M = src_of_row.size(0), N = x.size(1);
+        const auto sdt = x.options().dtype(r == Recipe::kMx ? at::kByte : at::kFloat);
+        auto q = at::empty({M, N}, x.options().dtype(at::kFloat8_e4m3fn));
+        auto qt = at::empty({N, M}, x.options().dtype(at::kFloat8_e4m3fn));
+        auto scales = at::empty(scale_shape(r, M, N), sdt);
+        auto scales_t = at::empty(scale_shape(r, N, M), sdt);
+        if (M == 0 || N == 0) return {q, scales, qt, scales_t};
+        c10::cuda::CUDAGuard guard(x.device());
+        mok_quantize_fp8_rowcol_args a{};
+        a.x = x.data_ptr();
+        a.dtype = dt;
+        a.M = M;
+        a.N = N;
+        a.recipe = static_cast<int>(r);
+        a.q = static_cast<uint8_t*>(q.data_ptr());
+        a.scales = scales.data_ptr();
+        a.qt = static_cast<uint8_t*>(qt.data_ptr());
+        a.scales_t = scales_t.data_ptr();
+        a.src_of_row = src_of_row.data_ptr<int32_t>();
+        a.T = x.size(0);
+        a.K = top_k;
+        check_status(mok_quantize_fp8_rowcol_cuda(&a, at::cuda::getCurrentCUDAStream(x.device().index()).stream()), op);
+        return {q, scales, qt, scales_t};
+    }
+#endif
+    static auto gather = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("mok::gather_rows", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
+                                               int64_t, const c10::optional<at::Tensor>&)>();
+    return quantize_fp8_rowcol(gather.call(x, src_of_row, c10::nullopt, top_k, c10::nullopt), recipe_name);
+}
+
 at::Tensor dequantize_fp8(const at::Tensor& q, const at::Tensor& scales, c10::string_view recipe_name) {
     const char* op = "mok.dequantize_fp8";
     const Recipe r = parse_recipe(std::string(recipe_name), op);
@@ -258,6 +310,8 @@ TORCH_LIBRARY_FRAGMENT(mok, m) {
     m.def("quantize_fp8(Tensor x, str recipe) -> (Tensor q, Tensor scales)");
     m.def("dequantize_fp8(Tensor q, Tensor scales, str recipe) -> Tensor");
     m.def("quantize_fp8_rowcol(Tensor x, str recipe) -> (Tensor q, Tensor scales, Tensor qt, Tensor scales_t)");
+    m.def("quantize_fp8_rowcol_gather(Tensor x, Tensor src_of_row, int top_k, str recipe) -> "
+          "(Tensor q, Tensor scales, Tensor qt, Tensor scales_t)");
     m.def("qdq_mxfp8(Tensor x, Tensor? offsets, bool rows, bool cols) -> (Tensor row_qdq, Tensor col_qdq)");
 }
 
@@ -265,6 +319,7 @@ TORCH_LIBRARY_IMPL(mok, CPU, m) {
     m.impl("quantize_fp8", &quantize_fp8);
     m.impl("dequantize_fp8", &dequantize_fp8);
     m.impl("quantize_fp8_rowcol", &quantize_fp8_rowcol);
+    m.impl("quantize_fp8_rowcol_gather", &quantize_fp8_rowcol_gather);
     m.impl("qdq_mxfp8", &qdq_mxfp8);
 }
 
@@ -273,6 +328,7 @@ TORCH_LIBRARY_IMPL(mok, CUDA, m) {
     m.impl("quantize_fp8", &quantize_fp8);
     m.impl("dequantize_fp8", &dequantize_fp8);
     m.impl("quantize_fp8_rowcol", &quantize_fp8_rowcol);
+    m.impl("quantize_fp8_rowcol_gather", &quantize_fp8_rowcol_gather);
     m.impl("qdq_mxfp8", &qdq_mxfp8);
 }
 #endif

@@ -56,6 +56,11 @@ struct tile_args {
     int nbn;                /* tiles along N */
     int vec;                /* rows of x load as 16 B and rows of q store as 8 B (N % 8 == 0, aligned) */
     int vec_t;              /* rows of qt store as 16 B (M % 16 == 0, aligned) */
+    /* gathered rows (kernels built with kGather only): row m of the tile grid is row src[m] / top_k of
+     * x, a zero row where src[m] is outside [0, src_limit) (the plan's padding, -1). */
+    const int32_t* src;
+    int64_t src_limit;      /* T * top_k */
+    int top_k;
 };
 
 static inline tile_args tile_args_of(const __nv_bfloat16* x, int64_t M, int64_t N, uint8_t* q, void* scales,
@@ -71,6 +76,9 @@ static inline tile_args tile_args_of(const __nv_bfloat16* x, int64_t M, int64_t 
     a.nbn = (int)((N + kTile - 1) / kTile);
     a.vec = N % 8 == 0 && ((uintptr_t)x & 15u) == 0 && ((uintptr_t)q & 7u) == 0;
     a.vec_t = qt != 0 && M % 16 == 0 && ((uintptr_t)qt & 15u) == 0;
+    a.src = nullptr;
+    a.src_limit = 0;
+    a.top_k = 1;
     return a;
 }
 
@@ -112,7 +120,43 @@ __device__ __forceinline__ float lo_f(uint32_t w) { return __uint_as_float(w << 
 __device__ __forceinline__ float hi_f(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
 
 /* ---- load: the thread's 8 x 8 block, w[i][k] = bf16 columns 2k (low half) and 2k + 1 of row i ---- */
+
+/* The block of gathered rows: row r of the tile grid is row src[r] / top_k of x, a zero row where
+ * src[r] is outside [0, src_limit). The 8 index loads go out together, then the 8 row loads. */
+__device__ __forceinline__ void load_gathered_block(const tile_args& a, const tile_thread& t, uint32_t (&w)[8][4]) {
+    const int rows = t.cols > 0 ? t.rows : 0;
+    int32_t src[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) src[i] = i < rows ? __ldg(a.src + t.r0 + i) : -1;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const bool real = src[i] >= 0 && src[i] < a.src_limit;
+        const int64_t row = real ? (int64_t)((uint32_t)src[i] / (uint32_t)a.top_k) : 0;
+        if (a.vec) {
+            uint4 u = make_uint4(0u, 0u, 0u, 0u);
+            if (real) u = __ldg(reinterpret_cast<const uint4*>(a.x + row * a.N + t.c));
+            w[i][0] = u.x;
+            w[i][1] = u.y;
+            w[i][2] = u.z;
+            w[i][3] = u.w;
+        } else {
+            const uint16_t* p = reinterpret_cast<const uint16_t*>(a.x) + row * a.N + t.c;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const uint32_t lo = real && 2 * k < t.cols ? p[2 * k] : 0u;
+                const uint32_t hi = real && 2 * k + 1 < t.cols ? p[2 * k + 1] : 0u;
+                w[i][k] = lo | (hi << 16);
+            }
+        }
+    }
+}
+
+template <bool kGather = false>
 __device__ __forceinline__ void load_block(const tile_args& a, const tile_thread& t, uint32_t (&w)[8][4]) {
+    if constexpr (kGather) {
+        load_gathered_block(a, t, w);
+        return;
+    }
     const int rows = t.cols > 0 ? t.rows : 0;
     if (a.vec) {
         /* NOTE: eight independent loads, no use in between: they are all in flight at once. */
@@ -447,13 +491,14 @@ __device__ __forceinline__ void quantize_tile_block(const tile_args& a, const ti
 }
 
 /* Row-wise (1xB along N) and column-wise (1xB along M, i.e. of x^T) from one read of x:
- * (q, scales) = quantize(x), (qt, scales_t) = quantize(x^T contiguous). */
-template <int B, bool kMx>
+ * (q, scales) = quantize(x), (qt, scales_t) = quantize(x^T contiguous). kGather: of the gathered rows
+ * (tile_args::src; x_rows = gather_rows(x, src, top_k) never written). */
+template <int B, bool kMx, bool kGather = false>
 __global__ void __launch_bounds__(kThreads) quantize_rowcol_bf16_kernel(const tile_args a) {
     __shared__ rowcol_smem<B> s;
     const tile_thread t = tile_thread_of(a);
     uint32_t w[8][4];
-    load_block(a, t, w);
+    load_block<kGather>(a, t, w);
     quantize_tile_block<B, kMx, true, true>(a, t, w, s);
 }
 
