@@ -9,7 +9,8 @@
 #   bash benchmarks/run_fp8_session.sh                 # on the GPU machine, from the repo root
 #   SKIP_TESTS=1 ROUNDS=3 bash benchmarks/run_fp8_session.sh
 # SKIP_LAYER=1 leaves out the layer run (about 1 minute on the H200; a second call can run it);
-# SKIP_GEMM=1 leaves out bench_gemm_fp8.py (about 1.5 minutes). TAILS and TRACE run either way.
+# SKIP_GEMM=1 leaves out bench_gemm_fp8.py (about 1.5 minutes), SKIP_QUANT=1 bench_quant.py and
+# bench_swiglu_quant.py (about 1 minute). TAILS and TRACE run either way.
 # LAYER_IMPLS=a,b,... replaces the layer run's impls. SQ_TIMING=1 also times the SwiGLU + quantisation
 # kernels' variants stand-alone (benchmarks/swiglu_quant_timing.cu; $OUT/swiglu_quant_timing.txt).
 # ROWCOL_TIMING=1 also times the rowcol quantiser's variants stand-alone (benchmarks/rowcol_timing.cu:
@@ -30,14 +31,16 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     run_gpu_suite
 fi
 
-timeout 120 python3 benchmarks/bench_quant.py --out /tmp/mok_bench_quant.json > /tmp/mok_bench_quant.txt 2>&1
-cp /tmp/mok_bench_quant.md "$OUT/bench_quant.md" 2>/dev/null || tail -20 /tmp/mok_bench_quant.txt
-echo "bench_quant ($((SECONDS - T0)) s):"; grep -E "copy|rowcol" "$OUT/bench_quant.md" | grep -v unfused | cut -c1-120
+if [ -z "${SKIP_QUANT:-}" ]; then
+    timeout 120 python3 benchmarks/bench_quant.py --out /tmp/mok_bench_quant.json > /tmp/mok_bench_quant.txt 2>&1
+    cp /tmp/mok_bench_quant.md "$OUT/bench_quant.md" 2>/dev/null || tail -20 /tmp/mok_bench_quant.txt
+    echo "bench_quant ($((SECONDS - T0)) s):"; grep -E "copy|rowcol" "$OUT/bench_quant.md" | grep -v unfused | cut -c1-120
 
-# SwiGLU + quantisation in one op (the opt-in FUSED_SWIGLU_QUANT path) against the two ops (v39)
-timeout 90 python3 benchmarks/bench_swiglu_quant.py --out /tmp/mok_bench_swiglu_quant.json > /tmp/mok_bench_swiglu_quant.txt 2>&1
-cp /tmp/mok_bench_swiglu_quant.md "$OUT/bench_swiglu_quant.md" 2>/dev/null || tail -20 /tmp/mok_bench_swiglu_quant.txt
-echo "bench_swiglu_quant ($((SECONDS - T0)) s):"; grep -E "^\| (qwen3|mixtral|dsv3)" "$OUT/bench_swiglu_quant.md" | cut -c1-120
+    # SwiGLU + quantisation in one op (the opt-in FUSED_SWIGLU_QUANT path) against the two ops (v39)
+    timeout 90 python3 benchmarks/bench_swiglu_quant.py --out /tmp/mok_bench_swiglu_quant.json > /tmp/mok_bench_swiglu_quant.txt 2>&1
+    cp /tmp/mok_bench_swiglu_quant.md "$OUT/bench_swiglu_quant.md" 2>/dev/null || tail -20 /tmp/mok_bench_swiglu_quant.txt
+    echo "bench_swiglu_quant ($((SECONDS - T0)) s):"; grep -E "^\| (qwen3|mixtral|dsv3)" "$OUT/bench_swiglu_quant.md" | cut -c1-120
+fi
 
 if [ -n "${SQ_TIMING:-}" ]; then
     # the SwiGLU + quantisation kernels' variants, stand-alone (v39)

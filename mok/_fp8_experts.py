@@ -73,10 +73,12 @@ FUSED_GATE_UP = False
 FUSED_SWIGLU_QUANT = False
 FUSED_SWIGLU_QUANT_BACKWARD = True
 
-# With fp8_wgrad, x_rows is needed only as its two FP8 copies. True: both straight from x by the plan
-# (torch.ops.mok.quantize_fp8_rowcol_gather: each gathered row read once, the bf16 x_rows never
-# written: 4 bytes moved per element of x_rows instead of the gather's 2-4 and quantize_rowcol's 4);
-# False: the bf16 gather, then quantize_rowcol. The same bits either way. Performance log v45.
+# With fp8_wgrad, x_rows is needed only as its two FP8 copies, and with fp8_dgrad too, so is d_rows
+# (the weighted gather of dy in mok::combine's backward). True: their copies straight from x and dy by
+# the plan (torch.ops.mok.quantize_fp8_rowcol_gather: each gathered row read once, the bf16 x_rows and
+# d_rows never written: 4 bytes moved per element instead of the gather's 2-4 and quantize_rowcol's 4;
+# d_rows in the three-node path only, through _Fp8DownCombine); False: the bf16 gathers, then
+# quantize_rowcol. The same bits either way. Performance log v45, v46.
 GATHER_QUANT = True
 
 
@@ -132,7 +134,7 @@ def cached_expert_weight_t(w):
 def _rowcol_of_rows(x, src_of_row, top_k, x_rows):
     """quantize_rowcol of the gathered token rows: of x_rows when given, else straight from x."""
     if x_rows is None:
-        return fp8.RowCol(*ops.quantize_fp8_rowcol_gather(x, src_of_row, top_k, ACT_RECIPE))
+        return fp8.RowCol(*ops.quantize_fp8_rowcol_gather(x, src_of_row, None, top_k, ACT_RECIPE))
     return fp8.quantize_rowcol(x_rows, ACT_RECIPE)
 
 
@@ -196,13 +198,14 @@ class _Fp8GateUp(torch.autograd.Function):
         return d_x, d_w, None, None, None, None, None, None, None, None, None, None
 
 
-def _down_backward(d_rows, act, down, offsets, wt_q, wt_s, at_q, at_s, need_a, need_w):
+def _down_backward(d_rows, act, down, offsets, wt_q, wt_s, at_q, at_s, need_a, need_w, d_rows_codes=None):
     """(d_act, d_down) of rows = act @ down[e]^T: the dgrad on the FP8 kernel when down's transposed codes
     are given (else BF16), the weight gradient on FP8 column-wise copies when act's are given (else BF16
-    on the saved act); None where not needed."""
+    on the saved act); None where not needed. d_rows_codes: d_rows' (row-wise, column-wise) FP8 copies
+    when made already (then d_rows itself is not read)."""
     fp8_dgrad = wt_q is not None and need_a
     fp8_wgrad = at_q is not None and need_w
-    g_row, g_col = _quantize_grad(d_rows, fp8_dgrad, fp8_wgrad)
+    g_row, g_col = d_rows_codes or _quantize_grad(d_rows, fp8_dgrad, fp8_wgrad)
     d_act = d_down = None
     if need_a:
         if fp8_dgrad:
@@ -243,6 +246,41 @@ class _Fp8Down(torch.autograd.Function):
         d_act, d_down = _down_backward(d_rows.contiguous(), act, down, offsets, wt_q, wt_s, at_q, at_s,
                                        ctx.needs_input_grad[0], ctx.needs_input_grad[1])
         return d_act, d_down, None, None, None, None, None, None
+
+
+class _Fp8DownCombine(torch.autograd.Function):
+    """y = combine(act @ down[e]^T in FP8, topk_w) as one node, for fp8_dgrad with fp8_wgrad (GATHER_QUANT):
+    the backward makes d_rows' two FP8 copies straight from dy (the weighted gather of mok::combine's
+    backward fused into the rowcol pass: d_rows is never written in bf16), then d_act and d_down as
+    _Fp8Down. Gradients bit for bit those of _Fp8Down then mok::combine."""
+
+    @staticmethod
+    def forward(ctx, act, down, w, offsets, row_of, src_of_row, w_q, w_s, wt_q, wt_s):
+        aq = fp8.quantize_rowcol(act, ACT_RECIPE)
+        rows = ops.grouped_mm_fp8(aq.q, aq.scales, w_q, w_s, offsets)
+        at_q, at_s = colwise_operand(aq)
+        del aq
+        ctx.save_for_backward(down, w, offsets, row_of, src_of_row, rows, wt_q, wt_s, at_q, at_s)
+        ctx.set_materialize_grads(False)
+        return ops.combine(rows, row_of, src_of_row, w)
+
+    @staticmethod
+    def backward(ctx, dy):
+        down, w, offsets, row_of, src_of_row, rows, wt_q, wt_s, at_q, at_s = ctx.saved_tensors
+        if dy is None:
+            return (None,) * 10
+        dy = dy.contiguous()
+        need_a, need_down, need_w = ctx.needs_input_grad[:3]
+        top_k = row_of.shape[1]
+        d_w = ops.combine_weight_grad(dy, rows, row_of) if need_w else None
+        d_rows = codes = None
+        if need_a and need_down:
+            rc = fp8.RowCol(*ops.quantize_fp8_rowcol_gather(dy, src_of_row, w, top_k, ACT_RECIPE))
+            codes = (rc.q, rc.scales), colwise_operand(rc)
+        elif need_a or need_down:
+            d_rows = ops.gather_rows(dy, src_of_row, w, top_k)
+        d_act, d_down = _down_backward(d_rows, None, down, offsets, wt_q, wt_s, at_q, at_s, need_a, need_down, codes)
+        return (d_act, d_down, d_w) + (None,) * 7
 
 
 class _Fp8Mlp(torch.autograd.Function):
@@ -353,5 +391,8 @@ def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj, fp8_dgrad
                               w1_s, w1t_q, w1t_s, wgrad1)
     del x_rows  # with fp8_wgrad only its FP8 copies live on
     act = _SwiGLUOf.apply(h, act) if h.requires_grad else act
+    if GATHER_QUANT and wgrad2 and w2t_q is not None:
+        return _Fp8DownCombine.apply(act, down_proj, topk_w.to(acc).contiguous(), plan.offsets, plan.row_of,
+                                     plan.src_of_row, w2_q, w2_s, w2t_q, w2t_s)
     rows = _Fp8Down.apply(act, down_proj, plan.offsets, w2_q, w2_s, w2t_q, w2t_s, wgrad2)
     return ops.combine(rows, plan.row_of, plan.src_of_row, topk_w.to(acc).contiguous())

@@ -145,7 +145,7 @@ def _quantize_fp8_rowcol_fake(x, recipe):
 
 
 @torch.library.register_fake("mok::quantize_fp8_rowcol_gather")
-def _quantize_fp8_rowcol_gather_fake(x, src_of_row, top_k, recipe):
+def _quantize_fp8_rowcol_gather_fake(x, src_of_row, w, top_k, recipe):
     if recipe not in ("blockwise_1x128", "mxfp8"):
         raise ValueError(f"mok.quantize_fp8_rowcol_gather: recipe must be 'blockwise_1x128' or 'mxfp8', got {recipe!r}")
     return _quantize_fp8_rowcol_fake(x.new_empty((src_of_row.shape[0], x.shape[1])), recipe)

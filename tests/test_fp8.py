@@ -254,8 +254,8 @@ def _gather_plan(T, K, R, device, gen):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe", ROWCOL_RECIPES)
 def test_rowcol_gather_gives_the_rowcol_of_the_gathered_rows(device, recipe):
-    # torch.ops.mok.quantize_fp8_rowcol_gather(x, src, K) = quantize_rowcol(gather_rows(x, src, None, K)),
-    # bit for bit: padding and out-of-range rows, K = 1, T = 1, R = 0, ragged R and N (N % 8 != 0:
+    # torch.ops.mok.quantize_fp8_rowcol_gather(x, src, w, K) = quantize_rowcol(gather_rows(x, src, w, K)),
+    # bit for bit, with and without w: padding rows, K = 1, T = 1, R = 0, ragged R and N (N % 8 != 0:
     # element-wise loads), rows repeated, bf16 (the CUDA kernel) and fp32 (the composition).
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
     for T, K, R, N, dtype in [(1, 1, 1, 8, torch.bfloat16), (7, 1, 130, 264, torch.bfloat16),
@@ -264,28 +264,41 @@ def test_rowcol_gather_gives_the_rowcol_of_the_gathered_rows(device, recipe):
                               (33, 2, 70, 136, torch.float32)]:
         x = _inputs_with_edge_blocks((T, N), dtype).to(device)
         src = _gather_plan(T, K, R, device, gen)
-        got = torch.ops.mok.quantize_fp8_rowcol_gather(x, src, K, recipe)
-        want = mok.fp8.quantize_rowcol(torch.ops.mok.gather_rows(x, src, None, K), recipe)
-        for name, u, v in zip(("q", "scales", "qt", "scales_t"), got, want):
-            assert u.shape == v.shape and u.dtype == v.dtype, (name, u.shape, v.shape)
-            assert torch.equal(u.view(torch.uint8), v.view(torch.uint8)), f"T={T} K={K} R={R} N={N}: {name}"
+        # routing weights as the backward's d_rows = gather(dy, w) has them, with a zero, a negative, a
+        # NaN and large ones (products that round, overflow or saturate)
+        w = torch.rand(T, K, generator=gen) * 4 - 1
+        w.view(-1)[::5] = 0
+        w.view(-1)[3::11] = float("nan")
+        w.view(-1)[1::13] = 3e38
+        for wt in (None, w.to(device)):
+            got = torch.ops.mok.quantize_fp8_rowcol_gather(x, src, wt, K, recipe)
+            want = mok.fp8.quantize_rowcol(torch.ops.mok.gather_rows(x, src, wt, K), recipe)
+            for name, u, v in zip(("q", "scales", "qt", "scales_t"), got, want):
+                assert u.shape == v.shape and u.dtype == v.dtype, (name, u.shape, v.shape)
+                assert torch.equal(u.view(torch.uint8), v.view(torch.uint8)), \
+                    f"T={T} K={K} R={R} N={N} weighted={wt is not None}: {name}"
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_rowcol_gather_bad_input_names_the_argument(device):
     x = torch.randn(4, 128, dtype=torch.bfloat16, device=device)
     src = torch.zeros(8, dtype=torch.int32, device=device)
+    w = torch.ones(4, 2, device=device)
     op = torch.ops.mok.quantize_fp8_rowcol_gather
     with pytest.raises(ValueError, match="src_of_row"):
-        op(x, src.long(), 2, "blockwise_1x128")
+        op(x, src.long(), w, 2, "blockwise_1x128")
     with pytest.raises(ValueError, match="src_of_row"):
-        op(x, src.view(2, 4), 2, "blockwise_1x128")
+        op(x, src.view(2, 4), w, 2, "blockwise_1x128")
     with pytest.raises(ValueError, match="top_k"):
-        op(x, src, 0, "blockwise_1x128")
+        op(x, src, None, 0, "blockwise_1x128")
     with pytest.raises(ValueError, match="recipe"):
-        op(x, src, 2, "blockwise_128x128")
+        op(x, src, w, 2, "blockwise_128x128")
     with pytest.raises(ValueError, match="x"):
-        op(x[:, :100:2], src, 2, "blockwise_1x128")
+        op(x[:, :100:2], src, w, 2, "blockwise_1x128")
+    with pytest.raises(ValueError, match="w"):
+        op(x, src, w.double(), 2, "blockwise_1x128")
+    with pytest.raises(ValueError, match="w"):
+        op(x, src, w[:, :1].contiguous(), 2, "blockwise_1x128")
 
 
 def _rowcol_kernels_launched(x, recipe):

@@ -175,18 +175,24 @@ def test_fused_and_unfused_gate_up_give_the_same_bits(monkeypatch, device, case,
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES[1:5], ids=str)
 @pytest.mark.parametrize("fused_node", [False, True])
-def test_gather_quant_gives_the_bits_of_the_bf16_gather(monkeypatch, device, case, fused_node):
-    # GATHER_QUANT (fp8_wgrad): x_rows' FP8 copies straight from x (True, the default) or from the bf16
-    # gather (False), in the three-node and the one-node path; y and every gradient bitwise the same.
+@pytest.mark.parametrize("fp8_dgrad", [False, True])
+@pytest.mark.parametrize("needs", ["all", "no_x", "down_only", "x_only", "w_only"])
+def test_gather_quant_gives_the_bits_of_the_bf16_gathers(monkeypatch, device, case, fused_node, fp8_dgrad, needs):
+    # GATHER_QUANT (fp8_wgrad): x_rows' FP8 copies straight from x and, with fp8_dgrad in the three-node
+    # path, d_rows' straight from dy (_Fp8DownCombine) (True, the default), or from the bf16 gathers
+    # (False); y and every gradient bitwise the same, whichever inputs want a gradient.
     x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16, device=device, requires_grad=True)
+    wants = {"all": (x, w, gu, dn), "no_x": (w, gu, dn), "down_only": (dn,), "x_only": (x,), "w_only": (w,)}[needs]
+    for t in (x, w, gu, dn):
+        t.requires_grad_(any(t is u for u in wants))
     monkeypatch.setattr(mok._fp8_experts, "FUSED_SWIGLU_QUANT", fused_node)
     results, g = [], None
     for gather_quant in (True, False):
         monkeypatch.setattr(mok._fp8_experts, "GATHER_QUANT", gather_quant)
-        y = mok.functional.moe_experts(x, idx, w, gu, dn, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True)
+        y = mok.functional.moe_experts(x, idx, w, gu, dn, recipe="blockwise", fp8_dgrad=fp8_dgrad, fp8_wgrad=True)
         if g is None:
             g = torch.randn_like(y)
-        results.append([y] + list(torch.autograd.grad(y, (x, w, gu, dn), g)))
+        results.append([y] + list(torch.autograd.grad(y, wants, g)))
     for a, b in zip(*results):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{case}: outputs or gradients differ"
 

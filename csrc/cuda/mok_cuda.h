@@ -193,8 +193,8 @@ int mok_quantize_fp8_cuda(const struct mok_quantize_fp8_args* args, cudaStream_t
 /* Row-wise and column-wise copies from one read of x (bf16 only; recipes 1x128 and mxfp8):
  * (q, scales) as mok_quantize_fp8_cuda(x), (qt, scales_t) as mok_quantize_fp8_cuda(x^T contiguous).
  * With src_of_row set, the copies of the gathered rows instead: of x_rows [M, N] = gather_rows(x,
- * src_of_row, NULL, K) (row m is x[src_of_row[m] / K], zeros where src_of_row[m] is outside [0, T * K),
- * as mok_gather_rows_cuda), without writing x_rows. */
+ * src_of_row, w, K) (row m is x[src_of_row[m] / K], times w[src_of_row[m]] rounded to bf16 when w is
+ * set, zeros where src_of_row[m] is outside [0, T * K), as mok_gather_rows_cuda), without writing x_rows. */
 struct mok_quantize_fp8_rowcol_args {
     const void* x;  /* [M, N], or [T, N] with src_of_row */
     mok_dtype dtype;
@@ -205,6 +205,7 @@ struct mok_quantize_fp8_rowcol_args {
     uint8_t* qt;    /* [N, M] */
     void* scales_t; /* [N, ceil(M / B)] */
     const int32_t* src_of_row; /* [M] or NULL */
+    const float* w;            /* [T * K] or NULL (with src_of_row only) */
     int64_t T, K;              /* with src_of_row: rows of x and the plan's top_k (K >= 1) */
 };
 int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol_args* args, cudaStream_t stream);

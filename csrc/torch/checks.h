@@ -62,6 +62,19 @@ inline void check_index(const at::Tensor& t, const at::Tensor& ref, const char* 
     check_same_device(t, ref, op, name, "the data");
 }
 
+// Optional routing weights w [T, K] in the accumulation type of data (gather_rows, combine and the ops
+// built on them).
+inline void check_weights(const c10::optional<at::Tensor>& w, const at::Tensor& data, int64_t T, int64_t K,
+                          const char* op) {
+    if (!w.has_value()) return;
+    check_dim(*w, 2, op, "w", "[T, K]");
+    check_dtype(*w, acc_dtype(data.scalar_type()), op, "w");
+    check_contiguous(*w, op, "w");
+    check_same_device(*w, data, op, "w", "the data");
+    check_size(*w, 0, T, op, "w", "tokens");
+    check_size(*w, 1, K, op, "w", "top_k");
+}
+
 // Throws the error a core/launcher status stands for.
 inline void check_status(int status, const char* op) {
     if (status == MOK_OK) return;

@@ -125,16 +125,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_plan(
 // row movement
 // ---------------------------------------------------------------------------------------------
 
-void check_weights(const c10::optional<at::Tensor>& w, const at::Tensor& data, int64_t T, int64_t K, const char* op) {
-    if (!w.has_value()) return;
-    check_dim(*w, 2, op, "w", "[T, K]");
-    check_dtype(*w, acc_dtype(data.scalar_type()), op, "w");
-    check_contiguous(*w, op, "w");
-    check_same_device(*w, data, op, "w", "the data");
-    check_size(*w, 0, T, op, "w", "tokens");
-    check_size(*w, 1, K, op, "w", "top_k");
-}
-
 // row_of, when given, is the plan's inverse map [T, top_k]: a speed hint (the CUDA kernel may walk
 // the tokens and read x once: plain bf16 copies with 4 <= top_k <= 32); the result is the same
 // whatever it holds.

@@ -134,14 +134,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_rowcol(c
     return {q, scales, qt, scales_t};
 }
 
-// quantize_fp8_rowcol(gather_rows(x, src_of_row, None, top_k)): the FP8 copies of the layer's gathered
-// token rows without the bf16 x_rows. CUDA bf16: one kernel reads each gathered row of x once (x_rows is
-// never written, 4 bytes moved per element of x_rows against 8 for the gather then the rowcol pass);
-// otherwise the two ops (the definition).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_rowcol_gather(const at::Tensor& x,
-                                                                                      const at::Tensor& src_of_row,
-                                                                                      int64_t top_k,
-                                                                                      c10::string_view recipe_name) {
+// quantize_fp8_rowcol(gather_rows(x, src_of_row, w, top_k)): the FP8 copies of the layer's gathered
+// rows without the bf16 gathered tensor (x_rows in the forward; d_rows, weighted, in the backward). CUDA
+// bf16: one kernel reads each gathered row of x once (the gathered tensor is never written: 4 bytes moved
+// per element of it against up to 8 for the gather then the rowcol pass); otherwise the two ops (the
+// definition).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_rowcol_gather(
+    const at::Tensor& x, const at::Tensor& src_of_row, const c10::optional<at::Tensor>& w, int64_t top_k,
+    c10::string_view recipe_name) {
     const char* op = "mok.quantize_fp8_rowcol_gather";
     const std::string name(recipe_name);
     const Recipe r = parse_recipe(name, op);
@@ -152,6 +152,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_rowcol_g
     check_dim(src_of_row, 1, op, "src_of_row", "[rows]");
     check_index(src_of_row, x, op, "src_of_row");
     TORCH_CHECK_VALUE(top_k >= 1, op, ": top_k must be >= 1, got ", top_k);
+    check_weights(w, x, x.size(0), top_k, op);
 #ifdef MOK_WITH_CUDA
     if (x.is_cuda() && dt == MOK_BF16) {
         const int64_t M = src_of_row.size(0), N = x.size(1);
@@ -173,6 +174,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_rowcol_g
         a.qt = static_cast<uint8_t*>(qt.data_ptr());
         a.scales_t = scales_t.data_ptr();
         a.src_of_row = src_of_row.data_ptr<int32_t>();
+        a.w = w.has_value() ? w->data_ptr<float>() : nullptr;
         a.T = x.size(0);
         a.K = top_k;
         check_status(mok_quantize_fp8_rowcol_cuda(&a, at::cuda::getCurrentCUDAStream(x.device().index()).stream()), op);
@@ -183,7 +185,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_rowcol_g
                              .findSchemaOrThrow("mok::gather_rows", "")
                              .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
                                                int64_t, const c10::optional<at::Tensor>&)>();
-    return quantize_fp8_rowcol(gather.call(x, src_of_row, c10::nullopt, top_k, c10::nullopt), recipe_name);
+    return quantize_fp8_rowcol(gather.call(x, src_of_row, w, top_k, c10::nullopt), recipe_name);
 }
 
 at::Tensor dequantize_fp8(const at::Tensor& q, const at::Tensor& scales, c10::string_view recipe_name) {
@@ -310,7 +312,7 @@ TORCH_LIBRARY_FRAGMENT(mok, m) {
     m.def("quantize_fp8(Tensor x, str recipe) -> (Tensor q, Tensor scales)");
     m.def("dequantize_fp8(Tensor q, Tensor scales, str recipe) -> Tensor");
     m.def("quantize_fp8_rowcol(Tensor x, str recipe) -> (Tensor q, Tensor scales, Tensor qt, Tensor scales_t)");
-    m.def("quantize_fp8_rowcol_gather(Tensor x, Tensor src_of_row, int top_k, str recipe) -> "
+    m.def("quantize_fp8_rowcol_gather(Tensor x, Tensor src_of_row, Tensor? w, int top_k, str recipe) -> "
           "(Tensor q, Tensor scales, Tensor qt, Tensor scales_t)");
     m.def("qdq_mxfp8(Tensor x, Tensor? offsets, bool rows, bool cols) -> (Tensor row_qdq, Tensor col_qdq)");
 }

@@ -204,6 +204,7 @@ inline float __shfl_sync(unsigned mask, float v, int src_lane) {
 
 inline uint4 __ldg(const uint4* p) { return *p; }
 inline int32_t __ldg(const int32_t* p) { return *p; }
+inline float __ldg(const float* p) { return *p; }
 
 inline unsigned __vmaxu2(unsigned a, unsigned b) {
     const unsigned lo = std::max(a & 0xFFFFu, b & 0xFFFFu), hi = std::max(a >> 16, b >> 16);

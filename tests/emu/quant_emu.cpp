@@ -175,30 +175,41 @@ void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset,
     if (rowcol) expect_core_quantization(r, transpose(x, M, N), N, M, qt, st, label, " transposed");
 }
 
-/* The rowcol kernel on gathered rows (kGather): x [T, N], row m of the result x[src[m] / K], a zero row
- * where src[m] is outside [0, T * K) (padding -1, and entries past the end, as gather_rows on CUDA). */
-void run_gather_case(Rng& rng, Recipe r, int64_t T, int64_t K, int64_t M, int64_t N, int offset) {
+uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(mok_from_acc<__nv_bfloat16>(v)); }
+
+/* The rowcol kernel on gathered rows (kGather): x [T, N], row m of the result x[src[m] / K] (times
+ * w[src[m]], rounded to bf16, when weighted), a zero row where src[m] is outside [0, T * K) (padding -1,
+ * and entries past the end, as gather_rows on CUDA). */
+void run_gather_case(Rng& rng, Recipe r, int64_t T, int64_t K, int64_t M, int64_t N, int offset,
+                     bool weighted = false) {
     using namespace mok_qtile;
     const std::vector<uint16_t> x = make_input(rng, T, N);
     std::vector<uint16_t> buf(x.size() + 8);
     memcpy(buf.data() + offset, x.data(), x.size() * 2);
     std::vector<int32_t> src((size_t)M);
+    std::vector<float> w((size_t)(T * K));
+    for (size_t i = 0; i < w.size(); ++i)  /* a zero, large weights (overflow to Inf), a NaN */
+        w[i] = i % 7 == 3 ? 0.f : i % 11 == 5 ? 3e38f : i % 13 == 6 ? NAN : (float)rng.below(4000) / 1000.f - 2.f;
     std::vector<uint16_t> x_rows((size_t)(M * N), 0);
     for (int64_t m = 0; m < M; ++m) {
-        src[(size_t)m] = (int32_t)rng.below((uint64_t)(T * K + 3)) - 1;
-        if (src[(size_t)m] >= 0 && src[(size_t)m] < T * K)
-            memcpy(&x_rows[(size_t)(m * N)], &x[(size_t)(src[(size_t)m] / K * N)], (size_t)N * 2);
+        const int32_t sm = src[(size_t)m] = (int32_t)rng.below((uint64_t)(T * K + 3)) - 1;
+        if (sm < 0 || sm >= T * K) continue;
+        for (int64_t n = 0; n < N; ++n) {
+            const uint16_t v = x[(size_t)(sm / K * N + n)];
+            x_rows[(size_t)(m * N + n)] = weighted ? bf16_bits(w[(size_t)sm] * emu::float_of((uint32_t)v << 16)) : v;
+        }
     }
     std::vector<uint8_t> q((size_t)(M * N), 0xA5), s((size_t)scale_count(r, M, N) * scale_size(r), 0xA5);
     std::vector<uint8_t> qt((size_t)(M * N), 0xA5), st((size_t)scale_count(r, N, M) * scale_size(r), 0xA5);
     tile_args a = tile_args_of(reinterpret_cast<const __nv_bfloat16*>(buf.data() + offset), M, N, q.data(), s.data(),
                                qt.data(), st.data());
     a.src = src.data();
+    a.w = weighted ? w.data() : nullptr;
     a.src_limit = T * K;
     a.top_k = (int)K;
     char label[180];
-    snprintf(label, sizeof label, "rowcol gather %s T=%lld K=%lld M=%lld N=%lld offset=%d vec=%d", name_of(r),
-             (long long)T, (long long)K, (long long)M, (long long)N, offset, a.vec);
+    snprintf(label, sizeof label, "rowcol gather %s T=%lld K=%lld M=%lld N=%lld offset=%d vec=%d weighted=%d",
+             name_of(r), (long long)T, (long long)K, (long long)M, (long long)N, offset, a.vec, weighted);
     const bool ok = launched(label, (unsigned)tile_count(M, N), [&] {
         if (r == kMx) quantize_rowcol_bf16_kernel<32, true, true>(a);
         else quantize_rowcol_bf16_kernel<128, false, true>(a);
@@ -208,7 +219,6 @@ void run_gather_case(Rng& rng, Recipe r, int64_t T, int64_t K, int64_t M, int64_
     expect_core_quantization(r, transpose(x_rows, M, N), N, M, qt, st, label, " transposed");
 }
 
-uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(mok_from_acc<__nv_bfloat16>(v)); }
 
 /* One SwiGLU + quantisation kernel (forward or backward; rows, cols, keep) on random h and d_act
  * against SwiGLU computed here with the same functions, then the C core's quantisations. */
@@ -290,6 +300,8 @@ int main(int argc, char** argv) {
         run_gather_case(rng, r, 37, 8, 300, 264, 0);
         run_gather_case(rng, r, 90, 2, 130, 77, 0);
         run_gather_case(rng, r, 50, 4, 260, 136, 1);
+        run_gather_case(rng, r, 37, 8, 300, 264, 0, true);
+        run_gather_case(rng, r, 50, 4, 260, 136, 1, true);
     }
     /* unaligned x (element-wise loads) */
     run_case(rng, k1x128, false, 40, 256, 1);

@@ -33,6 +33,7 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 
+#include "../common/dtype.cuh"
 #include "../common/fp8.cuh"
 
 namespace mok_qtile {
@@ -57,8 +58,10 @@ struct tile_args {
     int vec;                /* rows of x load as 16 B and rows of q store as 8 B (N % 8 == 0, aligned) */
     int vec_t;              /* rows of qt store as 16 B (M % 16 == 0, aligned) */
     /* gathered rows (kernels built with kGather only): row m of the tile grid is row src[m] / top_k of
-     * x, a zero row where src[m] is outside [0, src_limit) (the plan's padding, -1). */
+     * x, times w[src[m]] when w is set (rounded to bf16 as gather_rows does), a zero row where src[m]
+     * is outside [0, src_limit) (the plan's padding, -1). */
     const int32_t* src;
+    const float* w;         /* [src_limit] or null */
     int64_t src_limit;      /* T * top_k */
     int top_k;
 };
@@ -77,6 +80,7 @@ static inline tile_args tile_args_of(const __nv_bfloat16* x, int64_t M, int64_t 
     a.vec = N % 8 == 0 && ((uintptr_t)x & 15u) == 0 && ((uintptr_t)q & 7u) == 0;
     a.vec_t = qt != 0 && M % 16 == 0 && ((uintptr_t)qt & 15u) == 0;
     a.src = nullptr;
+    a.w = nullptr;
     a.src_limit = 0;
     a.top_k = 1;
     return a;
@@ -121,13 +125,28 @@ __device__ __forceinline__ float hi_f(uint32_t w) { return __uint_as_float(w & 0
 
 /* ---- load: the thread's 8 x 8 block, w[i][k] = bf16 columns 2k (low half) and 2k + 1 of row i ---- */
 
-/* The block of gathered rows: row r of the tile grid is row src[r] / top_k of x, a zero row where
- * src[r] is outside [0, src_limit). The 8 index loads go out together, then the 8 row loads. */
+/* bf16(s * x) of both halves of a packed pair, rounded as gather_rows's weighted rows (mok_mul, then
+ * mok_from_acc). */
+__device__ __forceinline__ uint32_t scaled_pair(uint32_t word, float s) {
+    const uint32_t lo = __bfloat16_as_ushort(mok_from_acc<__nv_bfloat16>(mok_mul(s, __uint_as_float(word << 16))));
+    const uint32_t hi = __bfloat16_as_ushort(mok_from_acc<__nv_bfloat16>(mok_mul(s, __uint_as_float(word & 0xFFFF0000u))));
+    return lo | (hi << 16);
+}
+
+/* The block of gathered rows: row r of the tile grid is row src[r] / top_k of x (times w[src[r]] when
+ * a.w is set), a zero row where src[r] is outside [0, src_limit). The 8 index loads go out together,
+ * then the 8 row loads (and the 8 weights). */
 __device__ __forceinline__ void load_gathered_block(const tile_args& a, const tile_thread& t, uint32_t (&w)[8][4]) {
     const int rows = t.cols > 0 ? t.rows : 0;
     int32_t src[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) src[i] = i < rows ? __ldg(a.src + t.r0 + i) : -1;
+    float scale[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const bool real = src[i] >= 0 && src[i] < a.src_limit;
+        scale[i] = a.w != nullptr && real ? __ldg(a.w + src[i]) : 1.f;
+    }
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const bool real = src[i] >= 0 && src[i] < a.src_limit;
@@ -147,6 +166,10 @@ __device__ __forceinline__ void load_gathered_block(const tile_args& a, const ti
                 const uint32_t hi = real && 2 * k + 1 < t.cols ? p[2 * k + 1] : 0u;
                 w[i][k] = lo | (hi << 16);
             }
+        }
+        if (a.w != nullptr && real) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) w[i][k] = scaled_pair(w[i][k], scale[i]);
         }
     }
 }
