@@ -220,6 +220,13 @@ def _down_backward(d_rows, act, down, offsets, wt_q, wt_s, at_q, at_s, need_a, n
     return d_act, d_down
 
 
+def _down_fp8_keeping_act_codes(act, w_q, w_s, offsets):
+    """(rows = act @ down[e]^T in FP8, act's column-wise codes for the FP8 weight gradient): one
+    quantize_rowcol of act feeds both."""
+    aq = fp8.quantize_rowcol(act, ACT_RECIPE)
+    return ops.grouped_mm_fp8(aq.q, aq.scales, w_q, w_s, offsets), colwise_operand(aq)
+
+
 class _Fp8Down(torch.autograd.Function):
     """rows = act @ down[e]^T in FP8; backward as mok.grouped_mm's (NT) in BF16, its dgrad in FP8
     when the transposed codes are given, its weight gradient in FP8 when fp8_wgrad (then act's
@@ -229,9 +236,8 @@ class _Fp8Down(torch.autograd.Function):
     def forward(ctx, act, down, offsets, w_q, w_s, wt_q, wt_s, fp8_wgrad):
         at_q = at_s = None
         if fp8_wgrad:
-            aq = fp8.quantize_rowcol(act, ACT_RECIPE)
-            rows = ops.grouped_mm_fp8(aq.q, aq.scales, w_q, w_s, offsets)
-            (at_q, at_s), act = colwise_operand(aq), None
+            rows, (at_q, at_s) = _down_fp8_keeping_act_codes(act, w_q, w_s, offsets)
+            act = None
         else:
             rows = _fp8_mm(act, w_q, w_s, offsets)
         ctx.save_for_backward(act, down, offsets, wt_q, wt_s, at_q, at_s)
@@ -256,10 +262,7 @@ class _Fp8DownCombine(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, act, down, w, offsets, row_of, src_of_row, w_q, w_s, wt_q, wt_s):
-        aq = fp8.quantize_rowcol(act, ACT_RECIPE)
-        rows = ops.grouped_mm_fp8(aq.q, aq.scales, w_q, w_s, offsets)
-        at_q, at_s = colwise_operand(aq)
-        del aq
+        rows, (at_q, at_s) = _down_fp8_keeping_act_codes(act, w_q, w_s, offsets)
         ctx.save_for_backward(down, w, offsets, row_of, src_of_row, rows, wt_q, wt_s, at_q, at_s)
         ctx.set_materialize_grads(False)
         return ops.combine(rows, row_of, src_of_row, w)
