@@ -18,7 +18,7 @@
 # TAILS=1 also measures how far the FP8 layer's y and gradients land from the emulation over 150 seeds
 # ($OUT/fp8_tails.md; tests/test_fp8_experts.py's tolerances).
 # TRACE=1 also traces the Qwen3 layer kernel by kernel in BF16, FP8 dgrad and all-FP8 ($OUT/trace_qwen3_fp8.txt;
-# TRACE_IMPLS=a,b,... replaces the impls).
+# TRACE_IMPLS=a,b,... replaces the impls, TRACE_SHAPES=a,b,... the shape).
 # SWIGLU_WIDTHS=1 also times the fused SwiGLU GEMM1's tile widths in the standalone checker (128 x 128
 # against the opt-in 128 x 192, MOK_SM90_FP8_SWIGLU_BN=192; v32), interleaved.
 # BF16_AB=DIR also times the BF16 kernel built from this tree against the one in DIR (a copy of an
@@ -103,7 +103,7 @@ if [ -n "${TAILS:-}" ]; then
 fi
 if [ -n "${TRACE:-}" ]; then
     # where the FP8 layer's time goes on Qwen3 (1.05x mok BF16 in v20, 1.25x asked): every kernel per step
-    timeout 120 python3 benchmarks/trace_moe_layer.py --shapes qwen3_30b_a3b \
+    timeout 120 python3 benchmarks/trace_moe_layer.py --shapes "${TRACE_SHAPES:-qwen3_30b_a3b}" \
         --impls "${TRACE_IMPLS:-mok,mok_fp8_dgrad,mok_fp8_dgrad_swq,mok_fp8_all,mok_fp8_all_swq}" \
         --top 25 > "$OUT/trace_qwen3_fp8.txt" 2>&1
     echo "trace ($((SECONDS - T0)) s)"

@@ -93,10 +93,45 @@ std::tuple<at::Tensor, at::Tensor> quantize_fp8(const at::Tensor& x, c10::string
     return {q, scales};
 }
 
+using RowColTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+#ifdef MOK_WITH_CUDA
+// The CUDA rowcol kernel on a bf16 x: the copies of x itself (src_of_row null), or of its rows gathered
+// by the plan (gather_rows(x, *src_of_row, w, top_k), never written).
+RowColTensors rowcol_cuda(const at::Tensor& x, Recipe r, const char* op, const at::Tensor* src_of_row = nullptr,
+                          const c10::optional<at::Tensor>& w = c10::nullopt, int64_t top_k = 1) {
+    const int64_t M = src_of_row ? src_of_row->size(0) : x.size(0), N = x.size(1);
+    const auto sdt = x.options().dtype(r == Recipe::kMx ? at::kByte : at::kFloat);
+    auto q = at::empty({M, N}, x.options().dtype(at::kFloat8_e4m3fn));
+    auto qt = at::empty({N, M}, x.options().dtype(at::kFloat8_e4m3fn));
+    auto scales = at::empty(scale_shape(r, M, N), sdt);
+    auto scales_t = at::empty(scale_shape(r, N, M), sdt);
+    if (M == 0 || N == 0) return {q, scales, qt, scales_t};
+    c10::cuda::CUDAGuard guard(x.device());
+    mok_quantize_fp8_rowcol_args a{};
+    a.x = x.data_ptr();
+    a.dtype = MOK_BF16;
+    a.M = M;
+    a.N = N;
+    a.recipe = static_cast<int>(r);
+    a.q = static_cast<uint8_t*>(q.data_ptr());
+    a.scales = scales.data_ptr();
+    a.qt = static_cast<uint8_t*>(qt.data_ptr());
+    a.scales_t = scales_t.data_ptr();
+    if (src_of_row) {
+        a.src_of_row = src_of_row->data_ptr<int32_t>();
+        a.w = w.has_value() ? w->data_ptr<float>() : nullptr;
+        a.T = x.size(0);
+        a.K = top_k;
+    }
+    check_status(mok_quantize_fp8_rowcol_cuda(&a, at::cuda::getCurrentCUDAStream(x.device().index()).stream()), op);
+    return {q, scales, qt, scales_t};
+}
+#endif
+
 // (q, scales) = quantize_fp8(x), (qt, scales_t) = quantize_fp8(x^T contiguous). CUDA bf16: the fused
 // kernel; other dtypes and the CPU: the two quantisations (the C core is the definition).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_rowcol(const at::Tensor& x,
-                                                                               c10::string_view recipe_name) {
+RowColTensors quantize_fp8_rowcol(const at::Tensor& x, c10::string_view recipe_name) {
     const char* op = "mok.quantize_fp8_rowcol";
     const std::string name(recipe_name);
     const Recipe r = parse_recipe(name, op);
@@ -106,28 +141,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_rowcol(c
     check_contiguous(x, op, "x");
     const mok_dtype dt = to_mok_dtype(x, op, "x");
 #ifdef MOK_WITH_CUDA
-    if (x.is_cuda() && dt == MOK_BF16) {
-        const int64_t M = x.size(0), N = x.size(1);
-        const auto sdt = x.options().dtype(r == Recipe::kMx ? at::kByte : at::kFloat);
-        auto q = at::empty({M, N}, x.options().dtype(at::kFloat8_e4m3fn));
-        auto qt = at::empty({N, M}, x.options().dtype(at::kFloat8_e4m3fn));
-        auto scales = at::empty(scale_shape(r, M, N), sdt);
-        auto scales_t = at::empty(scale_shape(r, N, M), sdt);
-        if (x.numel() == 0) return {q, scales, qt, scales_t};
-        c10::cuda::CUDAGuard guard(x.device());
-        mok_quantize_fp8_rowcol_args a{};
-        a.x = x.data_ptr();
-        a.dtype = dt;
-        a.M = M;
-        a.N = N;
-        a.recipe = static_cast<int>(r);
-        a.q = static_cast<uint8_t*>(q.data_ptr());
-        a.scales = scales.data_ptr();
-        a.qt = static_cast<uint8_t*>(qt.data_ptr());
-        a.scales_t = scales_t.data_ptr();
-        check_status(mok_quantize_fp8_rowcol_cuda(&a, at::cuda::getCurrentCUDAStream(x.device().index()).stream()), op);
-        return {q, scales, qt, scales_t};
-    }
+    if (x.is_cuda() && dt == MOK_BF16) return rowcol_cuda(x, r, op);
 #endif
     auto [q, scales] = quantize_fp8(x, recipe_name);
     auto [qt, scales_t] = quantize_fp8(x.t().contiguous(), recipe_name);
@@ -139,9 +153,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_rowcol(c
 // bf16: one kernel reads each gathered row of x once (the gathered tensor is never written: 4 bytes moved
 // per element of it against up to 8 for the gather then the rowcol pass); otherwise the two ops (the
 // definition).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_rowcol_gather(
-    const at::Tensor& x, const at::Tensor& src_of_row, const c10::optional<at::Tensor>& w, int64_t top_k,
-    c10::string_view recipe_name) {
+RowColTensors quantize_fp8_rowcol_gather(const at::Tensor& x, const at::Tensor& src_of_row,
+                                         const c10::optional<at::Tensor>& w, int64_t top_k,
+                                         c10::string_view recipe_name) {
     const char* op = "mok.quantize_fp8_rowcol_gather";
     const std::string name(recipe_name);
     const Recipe r = parse_recipe(name, op);
@@ -154,32 +168,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_fp8_rowcol_g
     TORCH_CHECK_VALUE(top_k >= 1, op, ": top_k must be >= 1, got ", top_k);
     check_weights(w, x, x.size(0), top_k, op);
 #ifdef MOK_WITH_CUDA
-    if (x.is_cuda() && dt == MOK_BF16) {
-        const int64_t M = src_of_row.size(0), N = x.size(1);
-        const auto sdt = x.options().dtype(r == Recipe::kMx ? at::kByte : at::kFloat);
-        auto q = at::empty({M, N}, x.options().dtype(at::kFloat8_e4m3fn));
-        auto qt = at::empty({N, M}, x.options().dtype(at::kFloat8_e4m3fn));
-        auto scales = at::empty(scale_shape(r, M, N), sdt);
-        auto scales_t = at::empty(scale_shape(r, N, M), sdt);
-        if (M == 0 || N == 0) return {q, scales, qt, scales_t};
-        c10::cuda::CUDAGuard guard(x.device());
-        mok_quantize_fp8_rowcol_args a{};
-        a.x = x.data_ptr();
-        a.dtype = dt;
-        a.M = M;
-        a.N = N;
-        a.recipe = static_cast<int>(r);
-        a.q = static_cast<uint8_t*>(q.data_ptr());
-        a.scales = scales.data_ptr();
-        a.qt = static_cast<uint8_t*>(qt.data_ptr());
-        a.scales_t = scales_t.data_ptr();
-        a.src_of_row = src_of_row.data_ptr<int32_t>();
-        a.w = w.has_value() ? w->data_ptr<float>() : nullptr;
-        a.T = x.size(0);
-        a.K = top_k;
-        check_status(mok_quantize_fp8_rowcol_cuda(&a, at::cuda::getCurrentCUDAStream(x.device().index()).stream()), op);
-        return {q, scales, qt, scales_t};
-    }
+    if (x.is_cuda() && dt == MOK_BF16) return rowcol_cuda(x, r, op, &src_of_row, w, top_k);
 #endif
     static auto gather = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("mok::gather_rows", "")

@@ -1,0 +1,3 @@
+/* CI stub: see cusparse.h. */
+#pragma once
+typedef struct cusolverDnContext* cusolverDnHandle_t;
