@@ -125,6 +125,31 @@ def test_blockwise_experts_match_the_fp8_emulation(device, case):
     check_grads(grads, grads_ref, g, x, idx, gu, dn)
 
 
+def _inputs_wanting(case, device, needs):
+    """(x, idx, w, gate_up, down) with requires_grad only on the inputs named by needs, and those inputs."""
+    x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16, device=device, requires_grad=True)
+    wants = {"all": (x, w, gu, dn), "no_x": (w, gu, dn), "down_only": (dn,), "x_only": (x,), "w_only": (w,)}[needs]
+    for t in (x, w, gu, dn):
+        t.requires_grad_(any(t is u for u in wants))
+    return (x, idx, w, gu, dn), wants
+
+
+def _assert_same_bits_under_settings(monkeypatch, case, inputs, wants, settings, **options):
+    """y and the gradients of wants for each settings dict (names in mok._fp8_experts), one dy for all:
+    bitwise equal to the first setting's."""
+    results, g = [], None
+    for setting in settings:
+        for name, value in setting.items():
+            monkeypatch.setattr(mok._fp8_experts, name, value)
+        y = mok.functional.moe_experts(*inputs, recipe="blockwise", **options)
+        if g is None:
+            g = torch.randn_like(y)
+        results.append([y] + list(torch.autograd.grad(y, wants, g)))
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{case} {settings}: outputs or gradients differ"
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES[1:5], ids=str)
 @pytest.mark.parametrize("fp8_dgrad,fp8_wgrad", [(False, False), (True, False), (False, True), (True, True)])
@@ -133,25 +158,13 @@ def test_fused_swiglu_quant_node_and_three_nodes_give_the_same_bits(monkeypatch,
                                                                needs):
     # FUSED_SWIGLU_QUANT: the three nodes (False, the default) or one node with SwiGLU and the
     # quantisation of its result fused in the forward and (FUSED_SWIGLU_QUANT_BACKWARD) in the backward
-    # (opt-in); y and every gradient
-    # must be bitwise the same, whichever inputs want a gradient (each option writes different bf16
-    # copies and codes).
-    x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16, device=device, requires_grad=True)
-    wants = {"all": (x, w, gu, dn), "no_x": (w, gu, dn), "down_only": (dn,), "x_only": (x,)}[needs]
-    for t in (x, w, gu, dn):
-        t.requires_grad_(any(t is u for u in wants))
-    results, g = [], None
-    for fused, fused_backward in ((True, True), (True, False), (False, False)):
-        monkeypatch.setattr(mok._fp8_experts, "FUSED_SWIGLU_QUANT", fused)
-        monkeypatch.setattr(mok._fp8_experts, "FUSED_SWIGLU_QUANT_BACKWARD", fused_backward)
-        y = mok.functional.moe_experts(x, idx, w, gu, dn, recipe="blockwise", fp8_dgrad=fp8_dgrad,
-                                       fp8_wgrad=fp8_wgrad)
-        if g is None:
-            g = torch.randn_like(y)
-        results.append([y] + list(torch.autograd.grad(y, wants, g)))
-    for other in results[1:]:
-        for a, b in zip(results[0], other):
-            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{case}: outputs or gradients differ"
+    # (opt-in); y and every gradient must be bitwise the same, whichever inputs want a gradient (each
+    # option writes different bf16 copies and codes).
+    inputs, wants = _inputs_wanting(case, device, needs)
+    settings = [dict(FUSED_SWIGLU_QUANT=f, FUSED_SWIGLU_QUANT_BACKWARD=b)
+                for f, b in ((True, True), (True, False), (False, False))]
+    _assert_same_bits_under_settings(monkeypatch, case, inputs, wants, settings, fp8_dgrad=fp8_dgrad,
+                                     fp8_wgrad=fp8_wgrad)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -160,16 +173,10 @@ def test_fused_swiglu_quant_node_and_three_nodes_give_the_same_bits(monkeypatch,
 def test_fused_and_unfused_gate_up_give_the_same_bits(monkeypatch, device, case, fp8_wgrad):
     # FUSED_GATE_UP: the fused SwiGLU GEMM1 (True) or the plain FP8 GEMM then the SwiGLU op (False, the
     # default); outputs and gradients must be bitwise the same.
-    x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16, device=device, requires_grad=True)
-    results, g = [], None
-    for fused in (True, False):
-        monkeypatch.setattr(mok._fp8_experts, "FUSED_GATE_UP", fused)
-        y = mok.functional.moe_experts(x, idx, w, gu, dn, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=fp8_wgrad)
-        if g is None:
-            g = torch.randn_like(y)
-        results.append([y] + list(torch.autograd.grad(y, (x, w, gu, dn), g)))
-    for a, b in zip(*results):
-        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{case}: outputs or gradients differ"
+    inputs, wants = _inputs_wanting(case, device, "all")
+    _assert_same_bits_under_settings(monkeypatch, case, inputs, wants,
+                                     [dict(FUSED_GATE_UP=True), dict(FUSED_GATE_UP=False)], fp8_dgrad=True,
+                                     fp8_wgrad=fp8_wgrad)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -181,20 +188,11 @@ def test_gather_quant_gives_the_bits_of_the_bf16_gathers(monkeypatch, device, ca
     # GATHER_QUANT (fp8_wgrad): x_rows' FP8 copies straight from x and, with fp8_dgrad in the three-node
     # path, d_rows' straight from dy (_Fp8DownCombine) (True, the default), or from the bf16 gathers
     # (False); y and every gradient bitwise the same, whichever inputs want a gradient.
-    x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16, device=device, requires_grad=True)
-    wants = {"all": (x, w, gu, dn), "no_x": (w, gu, dn), "down_only": (dn,), "x_only": (x,), "w_only": (w,)}[needs]
-    for t in (x, w, gu, dn):
-        t.requires_grad_(any(t is u for u in wants))
+    inputs, wants = _inputs_wanting(case, device, needs)
     monkeypatch.setattr(mok._fp8_experts, "FUSED_SWIGLU_QUANT", fused_node)
-    results, g = [], None
-    for gather_quant in (True, False):
-        monkeypatch.setattr(mok._fp8_experts, "GATHER_QUANT", gather_quant)
-        y = mok.functional.moe_experts(x, idx, w, gu, dn, recipe="blockwise", fp8_dgrad=fp8_dgrad, fp8_wgrad=True)
-        if g is None:
-            g = torch.randn_like(y)
-        results.append([y] + list(torch.autograd.grad(y, wants, g)))
-    for a, b in zip(*results):
-        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{case}: outputs or gradients differ"
+    _assert_same_bits_under_settings(monkeypatch, case, inputs, wants,
+                                     [dict(GATHER_QUANT=True), dict(GATHER_QUANT=False)], fp8_dgrad=fp8_dgrad,
+                                     fp8_wgrad=True)
 
 
 def _swiglu_backward(h, d_act):
