@@ -515,7 +515,7 @@ __device__ __forceinline__ void quantize_tile_block(const tile_args& a, const ti
 
 /* Row-wise (1xB along N) and column-wise (1xB along M, i.e. of x^T) from one read of x:
  * (q, scales) = quantize(x), (qt, scales_t) = quantize(x^T contiguous). kGather: of the gathered rows
- * (tile_args::src; x_rows = gather_rows(x, src, top_k) never written). */
+ * (tile_args::src, w; the gathered tensor gather_rows(x, src, w, top_k) is never written). */
 template <int B, bool kMx, bool kGather = false>
 __global__ void __launch_bounds__(kThreads) quantize_rowcol_bf16_kernel(const tile_args a) {
     __shared__ rowcol_smem<B> s;
