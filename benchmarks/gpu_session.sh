@@ -25,3 +25,12 @@ run_gpu_suite() {
     echo "GPU suite ($((SECONDS - ${T0:-0})) s): $(tail -1 "$OUT/gpu_tests.txt")"
     grep FAILED "$OUT/gpu_tests.txt" | head -20
 }
+
+# bench_quant.py (the quantisers against the copy bandwidth) into $OUT/bench_quant.md, its copy,
+# rowcol and row-wise 1x128 rows printed.
+run_bench_quant() {
+    timeout 120 python3 benchmarks/bench_quant.py --out /tmp/mok_bench_quant.json > /tmp/mok_bench_quant.txt 2>&1
+    cp /tmp/mok_bench_quant.md "$OUT/bench_quant.md" 2>/dev/null || tail -20 /tmp/mok_bench_quant.txt
+    echo "bench_quant ($((SECONDS - ${T0:-0})) s):"
+    grep -E "copy|rowcol|1x128 " "$OUT/bench_quant.md" | grep -v unfused | cut -c1-120
+}

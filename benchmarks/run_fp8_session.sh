@@ -32,9 +32,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 fi
 
 if [ -z "${SKIP_QUANT:-}" ]; then
-    timeout 120 python3 benchmarks/bench_quant.py --out /tmp/mok_bench_quant.json > /tmp/mok_bench_quant.txt 2>&1
-    cp /tmp/mok_bench_quant.md "$OUT/bench_quant.md" 2>/dev/null || tail -20 /tmp/mok_bench_quant.txt
-    echo "bench_quant ($((SECONDS - T0)) s):"; grep -E "copy|rowcol" "$OUT/bench_quant.md" | grep -v unfused | cut -c1-120
+    run_bench_quant
 
     # SwiGLU + quantisation in one op (the opt-in FUSED_SWIGLU_QUANT path) against the two ops (v39)
     timeout 90 python3 benchmarks/bench_swiglu_quant.py --out /tmp/mok_bench_swiglu_quant.json > /tmp/mok_bench_swiglu_quant.txt 2>&1

@@ -14,9 +14,7 @@ if [ -n "${TESTS:-}" ]; then
     run_gpu_suite
 fi
 if [ -n "${BENCH_QUANT:-}" ]; then
-    timeout 120 python3 benchmarks/bench_quant.py --out /tmp/mok_bench_quant.json > /tmp/mok_bench_quant.txt 2>&1
-    cp /tmp/mok_bench_quant.md "$OUT/bench_quant.md" 2>/dev/null || tail -20 /tmp/mok_bench_quant.txt
-    echo "bench_quant ($((SECONDS - T0)) s):"; grep -E "copy|rowcol|1x128 " "$OUT/bench_quant.md" | grep -v unfused | cut -c1-120
+    run_bench_quant
 fi
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 echo "ncu: $NCU"
