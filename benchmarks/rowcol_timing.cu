@@ -3,7 +3,8 @@
  * variants that place its time: the tile's row half alone, its column half alone, the loads and
  * maxima alone (nothing stored), and the default work with the tiles walked in bands of 8 tile rows
  * (concurrent CTAs then write 1 KiB runs of each qt row instead of 128 bytes), and the experimental strip
- * kernel (one CTA per 4 or 8 tiles down M, column scales written as whole sectors; v43). Random bf16 x on issue
+ * kernel (one CTA per 4 or 8 tiles down M, column scales written as whole sectors; v43), and the kernel on
+ * rows gathered by a plan of top_k 8, unweighted and weighted (the layer's x_rows and d_rows; v45, v46). Random bf16 x on issue
  * 5's quantiser shapes; each variant against a copy of x (same bytes read and written). The band and
  * strip variants' codes and scales are compared byte for byte with the default kernel's. (v42's L2-prefetch variants, dropped:
  * docs/experiments/v42_rowcol_l2_prefetch.patch.)
@@ -13,6 +14,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -77,6 +79,7 @@ int main(int argc, char** argv) {
             double bytes_per_elt; /* read + written, scales left out */
             int compare;          /* 1: codes and scales against the first 1x128 row; 2: against the first MXFP8 row */
             int strip;            /* > 0: a quantize_rowcol_strip_bf16_kernel launch (v43) */
+            int gather;           /* 1: rows gathered by a plan of top_k 8 (v45), 2: and weighted (v46) */
         };
         const std::vector<V> vs = {
             {"rowcol 1x128", rowcol_variant_kernel<128, false, true, true, 1>, 4.0, 1, 0},
@@ -91,8 +94,32 @@ int main(int argc, char** argv) {
             {"rowcol mxfp8", rowcol_variant_kernel<32, true, true, true, 1>, 4.0, 2, 0},
             {"rowcol mxfp8 strip4", quantize_rowcol_strip_bf16_kernel<32, true, 4>, 4.0, 2, 4},
             {"rowcol mxfp8 strip8", quantize_rowcol_strip_bf16_kernel<32, true, 8>, 4.0, 2, 8},
+            {"rowcol 1x128 gathered", quantize_rowcol_bf16_kernel<128, false, true>, 4.0, 0, 0, 1},
+            {"rowcol 1x128 gathered w", quantize_rowcol_bf16_kernel<128, false, true>, 4.0, 0, 0, 2},
             {"rowcol 1x128 (again)", rowcol_variant_kernel<128, false, true, true, 1>, 4.0, 0, 0},
         };
+        /* the layer's gathers (v45, v46): x_rows / d_rows [M, N] of a plan with top_k 8 over the first
+         * M / 8 rows of x, each token's 8 rows at random places (a random permutation of t * 8 + k), and
+         * routing weights in [0.25, 1) */
+        const int kTopK = 8;
+        std::vector<int32_t> h_src((size_t)M);
+        std::vector<float> h_w((size_t)M);
+        for (int64_t r = 0; r < M; ++r) h_src[(size_t)r] = (int32_t)r, h_w[(size_t)r] = 0.25f + 0.75f * (float)(r % 997) / 997.f;
+        uint64_t rng = 88172645463325252ull;
+        for (int64_t r = M - 1; r > 0; --r) {
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            std::swap(h_src[(size_t)r], h_src[(size_t)(rng % (uint64_t)(r + 1))]);
+        }
+        int32_t* src;
+        float* wts;
+        CHECK(cudaMalloc(&src, M * 4));
+        CHECK(cudaMalloc(&wts, M * 4));
+        CHECK(cudaMemcpy(src, h_src.data(), M * 4, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(wts, h_w.data(), M * 4, cudaMemcpyHostToDevice));
+        tile_args tg = t;
+        tg.src = src;
+        tg.src_limit = M;
+        tg.top_k = kTopK;
         const int64_t sbytes = M * ((N + 31) / 32) * 4, stbytes = N * ((M + 31) / 32) * 4;
         std::vector<uint8_t> ref[3][4]; /* per compare group: q, qt, scales, scales_t */
         for (const V& v : vs) {
@@ -101,7 +128,9 @@ int main(int argc, char** argv) {
                 CHECK(cudaMemset(sc, 0xA5, sbytes));
                 CHECK(cudaMemset(st, 0xA5, stbytes));
             }
-            const double ms = time_ms([&] { v.k<<<grid, kThreads>>>(t); });
+            tile_args a = v.gather ? tg : t;
+            a.w = v.gather == 2 ? wts : nullptr;
+            const double ms = time_ms([&] { v.k<<<grid, kThreads>>>(a); });
             const char* same = "";
             if (v.compare) {
                 std::vector<uint8_t> got[4] = {host_bytes(q, M * N), host_bytes(qt, M * N), host_bytes(sc, sbytes),
@@ -119,7 +148,7 @@ int main(int argc, char** argv) {
             const double tbps = v.bytes_per_elt * M * N / ms / 1e9;
             printf("  %-22s %.3f ms  %.2f TB/s  %.2f of copy%s\n", v.name, ms, tbps, tbps / copy_tbps, same);
         }
-        cudaFree(x), cudaFree(y), cudaFree(q), cudaFree(qt), cudaFree(sc), cudaFree(st);
+        cudaFree(x), cudaFree(y), cudaFree(q), cudaFree(qt), cudaFree(sc), cudaFree(st), cudaFree(src), cudaFree(wts);
     }
     return 0;
 }
