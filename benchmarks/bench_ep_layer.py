@@ -15,6 +15,7 @@ whole fwd+bwd steps between barriers (the baseline's host syncs are part of its 
 rank's; 'err y' compares the two layers' outputs on rank 0."""
 import argparse
 import datetime
+import gc
 import os
 import statistics
 import sys
@@ -153,15 +154,24 @@ def _worker(rank, world, store, shapes, args, out_path):
             lines.append(f"| {name} | {world} | {T} | {H} | {I} | {E} | {K} | {group.backend} | "
                          f"{'grouped_mm' if use_gmm else 'loop'} | {t_base:.3f} | {t_mok:.3f} | "
                          f"{t_base / t_mok:.2f}x | {err:.1e} |")
-        # NOTE: every rank done before any tears its group down. Once in CI (gloo, CPU) rank 1 aborted
-        # with "terminate called without an active exception" while rank 0 was still alive; where
-        # it aborted is not known (not reproduced in 22 local runs), teardown is the likeliest place
+        # NOTE: every rank done before any tears its group down. Twice in CI (gloo, CPU; 2026-12-05
+        # rank 1, 2026-12-06 rank 0) a worker aborted with "terminate called without an active
+        # exception" (a C++ thread destroyed while joinable), never in 43 local runs, loaded or not.
+        # Teardown is the likeliest place: the group's last references (ExpertParallel's, the
+        # functional collectives' registry) die in the interpreter's finalisation, after
+        # destroy_process_group, in no set order. So the references go first, and the worker leaves
+        # without finalisation (os._exit) once its output is written.
         dist.barrier()
     finally:
+        group = None
+        gc.collect()
         dist.destroy_process_group()
     if rank == 0:
         with open(out_path, "w") as f:
             f.write("\n".join(lines) + "\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main():
