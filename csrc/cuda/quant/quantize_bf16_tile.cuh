@@ -135,7 +135,8 @@ __device__ __forceinline__ uint32_t scaled_pair(uint32_t word, float s) {
 
 /* The block of gathered rows: row r of the tile grid is row src[r] / top_k of x (times w[src[r]] when
  * a.w is set), a zero row where src[r] is outside [0, src_limit). The 8 index loads go out together,
- * then the 8 row loads (and the 8 weights). */
+ * then the 8 row loads (and the 8 weights). NOTE: apart from load_block's plain path on purpose: sharing
+ * the row arithmetic changed the plain kernels' SASS, which are measured as they are (v45). */
 __device__ __forceinline__ void load_gathered_block(const tile_args& a, const tile_thread& t, uint32_t (&w)[8][4]) {
     const int rows = t.cols > 0 ? t.rows : 0;
     int32_t src[8];
