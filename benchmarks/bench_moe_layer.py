@@ -4,14 +4,15 @@ on the same inputs (x, weights, routing) in one run. 'mok_fp8' is mok with recip
 forward GEMMs, BF16 backward; H and I multiples of 128), 'mok_fp8_dgrad' the same with the two dgrad
 GEMMs of the backward in FP8 too, 'mok_fp8_all' with the two weight-gradient GEMMs in FP8 as well
 (fp8_dgrad=True, fp8_wgrad=True: every expert GEMM in FP8), 'mok_fp8_all_bf16_gather' the same with
-x_rows' FP8 copies made from the bf16 gather instead of straight from x (GATHER_QUANT=False, v45; same
-bits), 'mok_fp8_all_fused' the same with the
+x_rows' and d_rows' FP8 copies made from the bf16 gathers instead of straight from x and dy
+(GATHER_QUANT=False, v45/v46; same bits), 'mok_fp8_all_fused' the same with the
 forward's GEMM1 as the fused SwiGLU GEMM instead of the plain FP8 GEMM then the SwiGLU op (same bits),
 'mok_fp8_dgrad_swq' and 'mok_fp8_all_swq' with the opt-in one-node path whose SwiGLU quantises its
 result in the same kernel both ways, 'mok_fp8_all_swq_fwd' in the forward only
 (mok._fp8_experts.FUSED_SWIGLU_QUANT, v39; same bits), 'mok_mxfp8' recipe="mxfp8" (every GEMM
-on MXFP8-rounded operands, run on the BF16 kernels), all compared with the BF16 layers at the FP8
-tolerance; 'vs mok' is mok's BF16 fwd+bwd time over the row's.
+on MXFP8-rounded operands, run on the BF16 kernels), 'mok_mxfp8_bf16_gather' the same with x_rows' and
+d_rows' qdq copies made from bf16 gathers (mok._mxfp8_experts.GATHER_QDQ=False, v48; same bits), all
+compared with the BF16 layers at the FP8 tolerance; 'vs mok' is mok's BF16 fwd+bwd time over the row's.
 
     python benchmarks/bench_moe_layer.py                       # every shape, balanced and skewed routing
     python benchmarks/bench_moe_layer.py --shapes qwen3_30b_a3b --routing balanced --iters 50
@@ -61,7 +62,7 @@ ZIPF_EXPONENT = 1.2
 # eager first: the reference for errors and ratios
 IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_fp8_all_bf16_gather", "mok_fp8_all_fused", "mok_fp8_dgrad_swq",
          "mok_fp8_all_swq", "mok_fp8_all_swq_fwd",
-         "mok_mxfp8", "compiled", "naive")
+         "mok_mxfp8", "mok_mxfp8_bf16_gather", "compiled", "naive")
 NAIVE_MAX_S = 1.0  # --naive auto: time the naive loop only if one fwd+bwd takes less than this
 ERR_TOL = 2e-2
 ERR_TOL_FP8 = 0.12  # E4M3 operands in both forward GEMMs: ~0.065 against the BF16 layer (tests/test_fp8_experts.py)
@@ -279,18 +280,21 @@ COLUMNS = [
 
 
 def err_tol(impl: str) -> float:
-    return ERR_TOL_FP8 if impl.startswith("mok_fp8") or impl == "mok_mxfp8" else ERR_TOL
+    return ERR_TOL_FP8 if impl.startswith(("mok_fp8", "mok_mxfp8")) else ERR_TOL
 
 
-def _with_setting(fn, name, value):
-    """fn with mok._fp8_experts.<name> set to value while it runs (settings that keep the same bits)."""
+def _with_setting(fn, name, value, module=None):
+    """fn with <module>.<name> (default mok._fp8_experts) set to value while it runs (settings that keep
+    the same bits)."""
+    module = module or mok._fp8_experts
+
     def run(*args, **kwargs):
-        old = getattr(mok._fp8_experts, name)
-        setattr(mok._fp8_experts, name, value)
+        old = getattr(module, name)
+        setattr(module, name, value)
         try:
             return fn(*args, **kwargs)
         finally:
-            setattr(mok._fp8_experts, name, old)
+            setattr(module, name, old)
     return run
 
 
@@ -325,6 +329,8 @@ def impl_table(dev, compiled=False):
              "mok_fp8_all_swq_fwd": _swiglu_quant(functools.partial(
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True), backward=False),
              "mok_mxfp8": functools.partial(mok.functional.moe_experts, recipe="mxfp8"),
+             "mok_mxfp8_bf16_gather": _with_setting(functools.partial(mok.functional.moe_experts, recipe="mxfp8"),
+                                                    "GATHER_QDQ", False, mok._mxfp8_experts),
              "naive": baselines.naive_experts}
     if compiled:
         table["compiled"] = baselines.compiled_grouped_mm_experts(dev.type, torch.bfloat16)

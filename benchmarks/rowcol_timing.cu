@@ -117,9 +117,9 @@ int main(int argc, char** argv) {
         CHECK(cudaMemcpy(src, h_src.data(), M * 4, cudaMemcpyHostToDevice));
         CHECK(cudaMemcpy(wts, h_w.data(), M * 4, cudaMemcpyHostToDevice));
         tile_args tg = t;
-        tg.src = src;
-        tg.src_limit = M;
-        tg.top_k = kTopK;
+        tg.gather.src = src;
+        tg.gather.src_limit = M;
+        tg.gather.top_k = kTopK;
         const int64_t sbytes = M * ((N + 31) / 32) * 4, stbytes = N * ((M + 31) / 32) * 4;
         std::vector<uint8_t> ref[3][4]; /* per compare group: q, qt, scales, scales_t */
         for (const V& v : vs) {
@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
                 CHECK(cudaMemset(st, 0xA5, stbytes));
             }
             tile_args a = v.gather ? tg : t;
-            a.w = v.gather == 2 ? wts : nullptr;
+            a.gather.w = v.gather == 2 ? wts : nullptr;
             const double ms = time_ms([&] { v.k<<<grid, kThreads>>>(a); });
             const char* same = "";
             if (v.compare) {

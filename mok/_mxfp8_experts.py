@@ -32,8 +32,9 @@ two experts as N % 32 == 0. Each qdq pass reads its tensor once and writes the c
 (x_rows, act, d_rows and d_h give both). The gradient of an operand is taken straight through its
 qdq (the usual rule of quantised training), so e.g. d_act is the dgrad of the quantised GEMM2.
 
-SwiGLU and its backward, the gathers and the combine are the BF16 path's (on the bf16 h, act and
-gradients); the router-weight gradient is combine's, sum_h dy * rows with the GEMM2 output rows.
+SwiGLU and its backward and the combine are the BF16 path's (on the bf16 h, act and gradients); the
+router-weight gradient is combine's, sum_h dy * rows with the GEMM2 output rows. The gathers of x_rows
+and d_rows are fused into their qdq passes (GATHER_QDQ below).
 Weights' qdq copies are kept on the weight tensor and reused while it keeps its storage and version
 (an optimizer step bumps the version), as the blockwise recipe's codes; not under torch.compile.
 
@@ -45,6 +46,13 @@ from ._gate_up import _SwiGLUOf
 from ._ops import ops
 
 BLOCK = 32  # the MXFP8 block
+
+# x_rows and d_rows (the combine's weighted gather of dy) are needed only as their qdq copies. True
+# (default): the copies straight from x and dy by the plan (torch.ops.mok.qdq_mxfp8_gather: each gathered
+# row read once, the bf16 x_rows and d_rows never written; d_rows through _MxDownCombine, GEMM2 and the
+# combine as one node); False: the bf16 gathers, then qdq_mxfp8. The same bits either way (performance
+# log v48; bench_moe_layer.py's mok_mxfp8_bf16_gather is the False side).
+GATHER_QDQ = True
 
 
 def check_mxfp8_args(x, gate_up_proj):
@@ -97,10 +105,13 @@ class _MxGateUp(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, gate_up, src_of_row, row_of, top_k, offsets, w_rows, w_cols, need_w):
-        x_rows = ops.gather_rows(x, src_of_row, None, top_k, row_of)
         # the column-wise copy of x_rows is the weight gradient's operand: made now, from the same read
-        x_r, x_c = ops.qdq_mxfp8(x_rows, offsets, True, need_w)
-        del x_rows
+        if GATHER_QDQ:
+            x_r, x_c = ops.qdq_mxfp8_gather(x, src_of_row, None, top_k, offsets, True, need_w)
+        else:
+            x_rows = ops.gather_rows(x, src_of_row, None, top_k, row_of)
+            x_r, x_c = ops.qdq_mxfp8(x_rows, offsets, True, need_w)
+            del x_rows
         act, h = ops.grouped_mm_swiglu(x, src_of_row, row_of, top_k, w_rows, offsets, x_r)
         ctx.save_for_backward(src_of_row, row_of, offsets, x_c if need_w else None, w_cols)
         ctx.mark_non_differentiable(act)
@@ -142,12 +153,47 @@ class _MxDown(torch.autograd.Function):
         if d_rows is None or not (need_a or need_w):
             return (None,) * 6
         d_r, d_c = ops.qdq_mxfp8(d_rows.contiguous(), offsets, need_a, need_w)
-        d_act = d_w = None
-        if need_a:
-            d_act = ops.grouped_mm(d_r, None, 1, w_cols, offsets, False)  # [R, H] . [E, H, I] -> [R, I]
-        if need_w:
-            d_w = ops.grouped_mm_wgrad(d_c, a_c, None, 1, offsets)  # [E, H, I]
+        d_act, d_w = _down_mx_backward(d_r, d_c, a_c, w_cols, offsets, need_a, need_w)
         return d_act, d_w, None, None, None, None
+
+
+def _down_mx_backward(d_r, d_c, a_c, w_cols, offsets, need_a, need_w):
+    """(d_act, d_down) from d_rows' qdq copies: d_act = qdq(d_rows) @ down_cols[e], d_down = qdq_c(d_rows)^T
+    qdq_c(act)."""
+    d_act = d_w = None
+    if need_a:
+        d_act = ops.grouped_mm(d_r, None, 1, w_cols, offsets, False)  # [R, H] . [E, H, I] -> [R, I]
+    if need_w:
+        d_w = ops.grouped_mm_wgrad(d_c, a_c, None, 1, offsets)  # [E, H, I]
+    return d_act, d_w
+
+
+class _MxDownCombine(torch.autograd.Function):
+    """y = combine(qdq(act) @ qdq(down[e])^T, topk_w) as one node (GATHER_QDQ), so that the backward makes
+    d_rows' qdq copies straight from dy (the combine's weighted gather fused into the qdq pass: d_rows is
+    never written in bf16). Gradients bit for bit those of _MxDown then mok::combine."""
+
+    @staticmethod
+    def forward(ctx, act, down, w, offsets, row_of, src_of_row, w_rows, w_cols, need_w):
+        a_r, a_c = ops.qdq_mxfp8(act, offsets, True, need_w)
+        rows = ops.grouped_mm(a_r, None, 1, w_rows, offsets, True)
+        ctx.save_for_backward(w, offsets, row_of, src_of_row, rows, a_c if need_w else None, w_cols)
+        ctx.set_materialize_grads(False)
+        return ops.combine(rows, row_of, src_of_row, w)
+
+    @staticmethod
+    def backward(ctx, dy):
+        w, offsets, row_of, src_of_row, rows, a_c, w_cols = ctx.saved_tensors
+        if dy is None:
+            return (None,) * 9
+        dy = dy.contiguous()
+        need_a, need_down, need_topk_w = ctx.needs_input_grad[:3]
+        d_topk_w = ops.combine_weight_grad(dy, rows, row_of) if need_topk_w else None
+        d_act = d_down = None
+        if need_a or need_down:
+            d_r, d_c = ops.qdq_mxfp8_gather(dy, src_of_row, w, row_of.shape[1], offsets, need_a, need_down)
+            d_act, d_down = _down_mx_backward(d_r, d_c, a_c, w_cols, offsets, need_a, need_down)
+        return (d_act, d_down, d_topk_w) + (None,) * 6
 
 
 def experts_mxfp8(x, plan, top_k, topk_w, gate_up_proj, down_proj):
@@ -171,5 +217,9 @@ def experts_mxfp8(x, plan, top_k, topk_w, gate_up_proj, down_proj):
     if need_act:
         act = _SwiGLUOf.apply(h, act)
     del h
+    w = topk_w.to(torch.float32).contiguous()
+    if GATHER_QDQ:
+        return _MxDownCombine.apply(act, down_proj, w, plan.offsets, plan.row_of, plan.src_of_row, w2_r, w2_c,
+                                    need_w2)
     rows = _MxDown.apply(act, down_proj, plan.offsets, w2_r, w2_c, need_w2)
-    return ops.combine(rows, plan.row_of, plan.src_of_row, topk_w.to(torch.float32).contiguous())
+    return ops.combine(rows, plan.row_of, plan.src_of_row, w)

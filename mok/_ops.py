@@ -174,6 +174,13 @@ def _qdq_mxfp8_fake(x, offsets, rows, cols):
     return x.new_empty((M if rows else 0, N)), x.new_empty((M if cols else 0, N))
 
 
+@torch.library.register_fake("mok::qdq_mxfp8_gather")
+def _qdq_mxfp8_gather_fake(x, src_of_row, w, top_k, offsets, rows, cols):
+    if not (rows or cols):
+        raise ValueError("mok.qdq_mxfp8_gather: at least one of rows and cols must be true")
+    return _qdq_mxfp8_fake(x.new_empty((src_of_row.shape[0], x.shape[1])), offsets, rows, cols)
+
+
 @torch.library.register_fake("mok::grouped_mm_fp8")
 def _grouped_mm_fp8_fake(a, a_scales, b, b_scales, offsets):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.bfloat16)
@@ -331,5 +338,6 @@ ALL_OPS = (
     "grouped_mm_fp8_swiglu",
     "grouped_mm_fp8_wgrad",
     "qdq_mxfp8",
+    "qdq_mxfp8_gather",
     "device_errors",
 )

@@ -217,6 +217,69 @@ def test_qdq_under_compile():
         assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 
+def _gather_case(T, K, R, device, gen):
+    # src_of_row as a plan makes it (t * K + k, -1 for padding), the last pair's row repeated; routing
+    # weights with a zero, a negative, a NaN and huge ones (products that round, overflow or saturate)
+    src = torch.randint(-1, T * K, (R,), generator=gen, dtype=torch.int32)
+    if T * K:
+        src[: min(R, 5)] = T * K - 1
+    w = torch.rand(T, K, generator=gen) * 4 - 1
+    w.view(-1)[::5] = 0
+    w.view(-1)[3::11] = float("nan")
+    w.view(-1)[1::13] = 3e38
+    return src.to(device), w.to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_qdq_gather_gives_the_qdq_of_the_gathered_rows(device):
+    # ops.qdq_mxfp8_gather(x, src, w, K, offsets, rows, cols) = qdq_mxfp8(gather_rows(x, src, w, K), offsets,
+    # rows, cols) bit for bit, with and without w and offsets, every choice of copies: padding rows,
+    # K = 1, T = 1, R = 0, ragged R and N (N % 8 != 0: element-wise loads), an empty expert, a
+    # segment ending at R (a partial last block).
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
+    for T, K, R, N in [(1, 1, 1, 8), (7, 1, 130, 264), (40, 8, 300, 77), (300, 2, 1000, 1000), (513, 8, 4100, 2048),
+                       (20, 4, 0, 128)]:
+        x = _edge_inputs(T, N).to(device)
+        src, w = _gather_case(T, K, R, device, gen)
+        off = torch.tensor([0, 32 * (R // 64), 32 * (R // 64), R], dtype=torch.int32, device=device)
+        for wt in (None, w):
+            gathered = ops.gather_rows(x, src, wt, K)
+            for offsets in (None, off):
+                for rows, cols in ((True, True), (True, False), (False, True)):
+                    got = ops.qdq_mxfp8_gather(x, src, wt, K, offsets, rows, cols)
+                    want = ops.qdq_mxfp8(gathered, offsets, rows, cols)
+                    for u, v in zip(got, want):
+                        assert u.shape == v.shape, (u.shape, v.shape)
+                        assert torch.equal(u.view(torch.int16), v.view(torch.int16)), \
+                            f"T={T} K={K} R={R} N={N} weighted={wt is not None} offsets={offsets is not None} {rows} {cols}"
+    if device == "cuda":
+        mok.check_errors(synchronize=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_qdq_gather_bad_input_names_the_argument(device):
+    x = torch.randn(4, 64, device=device).bfloat16()
+    src = torch.zeros(8, dtype=torch.int32, device=device)
+    w = torch.ones(4, 2, device=device)
+    op = ops.qdq_mxfp8_gather
+    with pytest.raises(ValueError, match="src_of_row"):
+        op(x, src.long(), w, 2, None, True, False)
+    with pytest.raises(ValueError, match="src_of_row"):
+        op(x, src.view(2, 4), w, 2, None, True, False)
+    with pytest.raises(ValueError, match="top_k"):
+        op(x, src, None, 0, None, True, False)
+    with pytest.raises(ValueError, match="rows and cols"):
+        op(x, src, w, 2, None, False, False)
+    with pytest.raises(ValueError, match=r"\bx\b.*BFloat16"):
+        op(x.float(), src, w, 2, None, True, False)
+    with pytest.raises(ValueError, match=r"\bw\b"):
+        op(x, src, w.double(), 2, None, True, False)
+    with pytest.raises(ValueError, match=r"\bw\b"):
+        op(x, src, w[:, :1].contiguous(), 2, None, True, False)
+    with pytest.raises(ValueError, match=r"offsets.*Int"):
+        op(x, src, w, 2, torch.tensor([0, 8], device=device), False, True)
+
+
 # ------------------------------------------------------------------------------------------------
 # CUDA qdq
 # ------------------------------------------------------------------------------------------------
@@ -431,13 +494,18 @@ class _OpsSpy:
     def __getattr__(self, name):
         return getattr(ops, name)
 
-    def qdq_mxfp8(self, x, offsets, rows, cols):
-        r, c = ops.qdq_mxfp8(x, offsets, rows, cols)
+    def _record(self, r, c, offsets, rows, cols):
         for t, kind, asked in ((r, "rows", rows), (c, "cols", cols)):
             if asked:
                 self.copies[t.data_ptr()] = (kind, None if offsets is None else offsets.data_ptr())
                 self.keep.append(t)
         return r, c
+
+    def qdq_mxfp8(self, x, offsets, rows, cols):
+        return self._record(*ops.qdq_mxfp8(x, offsets, rows, cols), offsets, rows, cols)
+
+    def qdq_mxfp8_gather(self, x, src_of_row, w, top_k, offsets, rows, cols):
+        return self._record(*ops.qdq_mxfp8_gather(x, src_of_row, w, top_k, offsets, rows, cols), offsets, rows, cols)
 
     def kind(self, t):
         return self.copies.get(t.data_ptr(), ("not a qdq copy", None))
@@ -455,10 +523,12 @@ class _OpsSpy:
         return ops.grouped_mm_wgrad(a, b, b_gather, b_gather_div, offsets)
 
 
-def test_every_gemm_operand_is_quantised_along_its_contraction(monkeypatch):
+@pytest.mark.parametrize("gather_qdq", [True, False])
+def test_every_gemm_operand_is_quantised_along_its_contraction(monkeypatch, gather_qdq):
     # A block along the wrong dimension changes few values (E4M3 keeps 4 significant bits at any
     # power-of-two scale: the scale only decides which elements, below ~2^-15 of the block's amax,
     # fall into the subnormal codes), so the numerical tests cannot see one: check the plumbing.
+    monkeypatch.setattr(MX, "GATHER_QDQ", gather_qdq)
     spy = _OpsSpy()
     monkeypatch.setattr(MX, "ops", spy)
     case = MoECase(70, 64, 32, 4, 2)
@@ -509,6 +579,26 @@ def test_mxfp8_experts_partial_gradients():
             assert torch.equal(t, full[i]), (wanted, i)
     with torch.no_grad():
         assert torch.equal(MX.experts_mxfp8(x, mok.functional.moe_plan(idx, case.E), case.K, w, gu, dn), y)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES[1:5], ids=str)
+@pytest.mark.parametrize("wanted", [(0, 1, 2, 3), (1, 2, 3), (3,), (0,), (1,), (2,)], ids=str)
+def test_gather_qdq_gives_the_bits_of_the_bf16_gathers(monkeypatch, device, case, wanted):
+    # GATHER_QDQ: x_rows' and d_rows' qdq copies straight from x and dy (True, the default; d_rows through
+    # _MxDownCombine) or from the bf16 gathers (False); y and the gradients of the inputs that want one
+    # (x, topk_w, gate_up, down by index) bitwise the same.
+    x, idx, w, gu, dn = make_inputs(case, device)
+    leaves = [t.detach().requires_grad_(i in wanted) for i, t in enumerate((x, w, gu, dn))]
+    g, results = None, []
+    for gather_qdq in (True, False):
+        monkeypatch.setattr(MX, "GATHER_QDQ", gather_qdq)
+        y = MX.experts_mxfp8(leaves[0], mok.functional.moe_plan(idx, case.E), case.K, *leaves[1:])
+        g = make_grad(y) if g is None else g
+        results.append([y] + list(torch.autograd.grad(y, [leaves[i] for i in wanted], g)))
+    for a, b in zip(*results):
+        assert torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a,
+                           b.view(torch.int16) if b.dtype == torch.bfloat16 else b), f"{case} {wanted}"
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -14,6 +14,7 @@ def op_cases(device):
     case = MoECase(13, 12, 10, 4, 2, "empty_expert")
     x, idx, w, gate_up, down = make_moe_inputs(case, torch.float32, device)
     plan = mok.functional.moe_plan(idx, case.E, tile=8)
+    plan128 = mok.functional.moe_plan(idx, case.E, tile=128)
     R = plan.src_of_row.shape[0]
     rows = torch.randn(R, case.H, device=device)
     rows[plan.src_of_row < 0] = 0
@@ -60,6 +61,10 @@ def op_cases(device):
         "qdq_mxfp8": [(torch.randn(96, 64, device=device, dtype=torch.bfloat16), None, True, False),
                       (torch.randn(96, 64, device=device, dtype=torch.bfloat16),
                        torch.tensor([0, 32, 32, 96], dtype=torch.int32, device=device), True, True)],
+        # offsets of a 128-row plan: the CUDA column-wise copy needs 32-aligned segments
+        "qdq_mxfp8_gather": [(x.to(torch.bfloat16), plan128.src_of_row, wt, case.K, offsets, want_rows, want_cols)
+                             for wt in (None, w.float()) for offsets in (None, plan128.offsets)
+                             for want_rows, want_cols in ((True, False), (True, True), (False, True))],
     }
 
 

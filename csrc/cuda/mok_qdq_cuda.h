@@ -10,7 +10,7 @@
  *         offsets[e] is a multiple of 32 or M (mok's CUDA plans are 128-aligned); rows outside
  *         [offsets[0], offsets[E]) are written as +0; offsets NULL: one segment [0, M).
  * Either output may be NULL (not computed); both may share nothing with x. One kernel reads x once
- * and writes the copies asked for.
+ * and writes the copies asked for; with src_of_row, x's gathered rows (below).
  *
  * An offset outside [0, M] or neither a multiple of 32 nor M cannot be checked on the host without
  * a synchronisation: the kernel sets MOK_DEVICE_ERR_UNALIGNED_PLAN in error_flag and writes nothing
@@ -35,6 +35,13 @@ struct mok_qdq_mxfp8_args {
     const int32_t* offsets; /* [E + 1] int32, device; or NULL (one segment). Read only when cols != NULL */
     int64_t E;
     int32_t* error_flag;    /* host-mapped error word (MOK_DEVICE_ERR_*) or NULL */
+    /* Gathered rows (src_of_row not NULL): the input is gather_rows(x, src_of_row, w, K) [M, N] of x
+     * [T, N], read straight from x and never written: row m is row src_of_row[m] / K of x, times
+     * w[src_of_row[m]] (rounded to bf16) when w is not NULL, a zero row where src_of_row[m] is outside
+     * [0, T * K) (padding, -1). NULL: x itself is the [M, N] input. */
+    const int32_t* src_of_row; /* [M] int32, device */
+    const float* w;            /* [T * K] fp32, device, or NULL */
+    int64_t T, K;
 };
 
 /* MOK_OK, MOK_ERR_ARG for bad arguments, or a (positive) CUDA error code of the launch. */

@@ -263,10 +263,10 @@ extern "C" int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol
     if (a->src_of_row) {
         /* gathered rows: the per-tile kernel (the strips' serial walk would serialise the index loads too) */
         MOK_CHECK_ARG(a->T >= 0 && a->K >= 1 && a->K <= MOK_INT32_LIMIT && a->T * a->K <= MOK_INT32_LIMIT);
-        t.src = a->src_of_row;
-        t.w = a->w;
-        t.src_limit = a->T * a->K;
-        t.top_k = (int)a->K;
+        t.gather.src = a->src_of_row;
+        t.gather.w = a->w;
+        t.gather.src_limit = a->T * a->K;
+        t.gather.top_k = (int)a->K;
         if (mx) quantize_rowcol_bf16_kernel<32, true, true><<<(unsigned)tiles, kThreads, 0, stream>>>(t);
         else quantize_rowcol_bf16_kernel<128, false, true><<<(unsigned)tiles, kThreads, 0, stream>>>(t);
         return mok_launch_status();

@@ -10,7 +10,7 @@
 // Hopper: mok/_mxfp8_experts.py): bf16 copies holding the values of the MXFP8 encoding, row-wise
 // and/or column-wise with expert segments (mok_qdq_mxfp8_rows / _cols in csrc/core/mok_core.h;
 // CUDA: csrc/cuda/qdq_mxfp8.cu, which needs 32-aligned offsets and reports others through the
-// device error word, as the FP8 GEMM does).
+// device error word, as the FP8 GEMM does); qdq_mxfp8_gather, the same of the plan's gathered rows of x.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -224,6 +224,49 @@ at::Tensor dequantize_fp8(const at::Tensor& q, const at::Tensor& scales, c10::st
     return y;
 }
 
+// E of an optional expert offsets tensor [E + 1] (0 without one), checked against the data x.
+int64_t checked_offsets(const c10::optional<at::Tensor>& offsets, const at::Tensor& x, const char* op) {
+    if (!offsets.has_value()) return 0;
+    check_dim(*offsets, 1, op, "offsets", "[E + 1]");
+    check_same_device(*offsets, x, op, "offsets", "x");
+    check_index(*offsets, x, op, "offsets");
+    TORCH_CHECK_VALUE(offsets->size(0) >= 1, op, ": offsets must hold E + 1 >= 1 entries, got shape ",
+                      shape_str(*offsets));
+    return offsets->size(0) - 1;
+}
+
+#ifdef MOK_WITH_CUDA
+// The CUDA qdq kernel on a bf16 x: the copies of x itself (src_of_row null), or of its rows gathered by
+// the plan (gather_rows(x, *src_of_row, w, top_k), never written). M: rows of the input.
+std::tuple<at::Tensor, at::Tensor> qdq_cuda(const at::Tensor& x, int64_t M, const c10::optional<at::Tensor>& offsets,
+                                            int64_t E, bool rows, bool cols, const char* op,
+                                            const at::Tensor* src_of_row = nullptr,
+                                            const c10::optional<at::Tensor>& w = c10::nullopt, int64_t top_k = 1) {
+    const int64_t N = x.size(1);
+    auto y_rows = at::empty({rows ? M : 0, N}, x.options());
+    auto y_cols = at::empty({cols ? M : 0, N}, x.options());
+    if (M == 0 || N == 0) return {y_rows, y_cols};
+    c10::cuda::CUDAGuard guard(x.device());
+    mok_qdq_mxfp8_args a{};
+    a.x = x.data_ptr();
+    a.M = M;
+    a.N = N;
+    a.rows = rows ? y_rows.data_ptr() : nullptr;
+    a.cols = cols ? y_cols.data_ptr() : nullptr;
+    a.offsets = cols && offsets.has_value() ? offsets->data_ptr<int32_t>() : nullptr;
+    a.E = E;
+    a.error_flag = cuda::device_error_word();
+    if (src_of_row) {
+        a.src_of_row = src_of_row->data_ptr<int32_t>();
+        a.w = w.has_value() ? w->data_ptr<float>() : nullptr;
+        a.T = x.size(0);
+        a.K = top_k;
+    }
+    check_status(mok_qdq_mxfp8_cuda(&a, at::cuda::getCurrentCUDAStream(x.device().index()).stream()), op);
+    return {y_rows, y_cols};
+}
+#endif
+
 // (rows, cols) of bf16 x [M, N]: the row-wise qdq (1 x 32 blocks along N) when `rows`, the
 // column-wise qdq (32 x 1 blocks along M, restarting at each offsets[e]; rows outside
 // [offsets[0], offsets[E]) are +0; no offsets: one segment [0, M)) when `cols`. A copy not asked
@@ -236,15 +279,10 @@ std::tuple<at::Tensor, at::Tensor> qdq_mxfp8(const at::Tensor& x, const c10::opt
     check_dtype(x, at::kBFloat16, op, "x");
     check_contiguous(x, op, "x");
     const int64_t M = x.size(0), N = x.size(1);
-    int64_t E = 0;
-    if (offsets.has_value()) {
-        check_dim(*offsets, 1, op, "offsets", "[E + 1]");
-        check_same_device(*offsets, x, op, "offsets", "x");
-        check_index(*offsets, x, op, "offsets");
-        TORCH_CHECK_VALUE(offsets->size(0) >= 1, op, ": offsets must hold E + 1 >= 1 entries, got shape ",
-                          shape_str(*offsets));
-        E = offsets->size(0) - 1;
-    }
+    const int64_t E = checked_offsets(offsets, x, op);
+#ifdef MOK_WITH_CUDA
+    if (x.is_cuda()) return qdq_cuda(x, M, offsets, E, rows, cols, op);
+#endif
     auto y_rows = at::empty({rows ? M : 0, N}, x.options());
     auto y_cols = at::empty({cols ? M : 0, N}, x.options());
     if (M == 0 || N == 0) return {y_rows, y_cols};
@@ -252,22 +290,6 @@ std::tuple<at::Tensor, at::Tensor> qdq_mxfp8(const at::Tensor& x, const c10::opt
     uint16_t* rp = rows ? reinterpret_cast<uint16_t*>(y_rows.data_ptr()) : nullptr;
     uint16_t* cp = cols ? reinterpret_cast<uint16_t*>(y_cols.data_ptr()) : nullptr;
     const int32_t* offp = offsets.has_value() ? offsets->data_ptr<int32_t>() : nullptr;
-#ifdef MOK_WITH_CUDA
-    if (x.is_cuda()) {
-        c10::cuda::CUDAGuard guard(x.device());
-        mok_qdq_mxfp8_args a{};
-        a.x = xp;
-        a.M = M;
-        a.N = N;
-        a.rows = rp;
-        a.cols = cp;
-        a.offsets = cols ? offp : nullptr;
-        a.E = E;
-        a.error_flag = cuda::device_error_word();
-        check_status(mok_qdq_mxfp8_cuda(&a, at::cuda::getCurrentCUDAStream(x.device().index()).stream()), op);
-        return {y_rows, y_cols};
-    }
-#endif
     if (cols && offp != nullptr) {
         // The offsets are on the host here, so their values can be checked for free (the core would
         // only say "invalid argument").
@@ -295,6 +317,34 @@ std::tuple<at::Tensor, at::Tensor> qdq_mxfp8(const at::Tensor& x, const c10::opt
     return {y_rows, y_cols};
 }
 
+// qdq_mxfp8(gather_rows(x, src_of_row, w, top_k), offsets, rows, cols): recipe="mxfp8"'s copies of the
+// layer's gathered rows (x_rows in the forward; d_rows, weighted, in the backward) without the bf16
+// gathered tensor. CUDA: one kernel reads each gathered row of x once; the CPU: the two ops (the
+// definition).
+std::tuple<at::Tensor, at::Tensor> qdq_mxfp8_gather(const at::Tensor& x, const at::Tensor& src_of_row,
+                                                    const c10::optional<at::Tensor>& w, int64_t top_k,
+                                                    const c10::optional<at::Tensor>& offsets, bool rows, bool cols) {
+    const char* op = "mok.qdq_mxfp8_gather";
+    TORCH_CHECK_VALUE(rows || cols, op, ": at least one of rows and cols must be true");
+    check_dim(x, 2, op, "x", "[T, N]");
+    check_dtype(x, at::kBFloat16, op, "x");
+    check_contiguous(x, op, "x");
+    check_dim(src_of_row, 1, op, "src_of_row", "[rows]");
+    check_index(src_of_row, x, op, "src_of_row");
+    TORCH_CHECK_VALUE(top_k >= 1, op, ": top_k must be >= 1, got ", top_k);
+    check_weights(w, x, x.size(0), top_k, op);
+    const int64_t E = checked_offsets(offsets, x, op);
+#ifdef MOK_WITH_CUDA
+    if (x.is_cuda()) return qdq_cuda(x, src_of_row.size(0), offsets, E, rows, cols, op, &src_of_row, w, top_k);
+#endif
+    (void)E;
+    static auto gather = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("mok::gather_rows", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
+                                               int64_t, const c10::optional<at::Tensor>&)>();
+    return qdq_mxfp8(gather.call(x, src_of_row, w, top_k, c10::nullopt), offsets, rows, cols);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(mok, m) {
@@ -304,6 +354,8 @@ TORCH_LIBRARY_FRAGMENT(mok, m) {
     m.def("quantize_fp8_rowcol_gather(Tensor x, Tensor src_of_row, Tensor? w, int top_k, str recipe) -> "
           "(Tensor q, Tensor scales, Tensor qt, Tensor scales_t)");
     m.def("qdq_mxfp8(Tensor x, Tensor? offsets, bool rows, bool cols) -> (Tensor row_qdq, Tensor col_qdq)");
+    m.def("qdq_mxfp8_gather(Tensor x, Tensor src_of_row, Tensor? w, int top_k, Tensor? offsets, bool rows, bool cols) "
+          "-> (Tensor row_qdq, Tensor col_qdq)");
 }
 
 TORCH_LIBRARY_IMPL(mok, CPU, m) {
@@ -312,6 +364,7 @@ TORCH_LIBRARY_IMPL(mok, CPU, m) {
     m.impl("quantize_fp8_rowcol", &quantize_fp8_rowcol);
     m.impl("quantize_fp8_rowcol_gather", &quantize_fp8_rowcol_gather);
     m.impl("qdq_mxfp8", &qdq_mxfp8);
+    m.impl("qdq_mxfp8_gather", &qdq_mxfp8_gather);
 }
 
 #ifdef MOK_WITH_CUDA
@@ -321,6 +374,7 @@ TORCH_LIBRARY_IMPL(mok, CUDA, m) {
     m.impl("quantize_fp8_rowcol", &quantize_fp8_rowcol);
     m.impl("quantize_fp8_rowcol_gather", &quantize_fp8_rowcol_gather);
     m.impl("qdq_mxfp8", &qdq_mxfp8);
+    m.impl("qdq_mxfp8_gather", &qdq_mxfp8_gather);
 }
 #endif
 

@@ -203,10 +203,10 @@ void run_gather_case(Rng& rng, Recipe r, int64_t T, int64_t K, int64_t M, int64_
     std::vector<uint8_t> qt((size_t)(M * N), 0xA5), st((size_t)scale_count(r, N, M) * scale_size(r), 0xA5);
     tile_args a = tile_args_of(reinterpret_cast<const __nv_bfloat16*>(buf.data() + offset), M, N, q.data(), s.data(),
                                qt.data(), st.data());
-    a.src = src.data();
-    a.w = weighted ? w.data() : nullptr;
-    a.src_limit = T * K;
-    a.top_k = (int)K;
+    a.gather.src = src.data();
+    a.gather.w = weighted ? w.data() : nullptr;
+    a.gather.src_limit = T * K;
+    a.gather.top_k = (int)K;
     char label[180];
     snprintf(label, sizeof label, "rowcol gather %s T=%lld K=%lld M=%lld N=%lld offset=%d vec=%d weighted=%d",
              name_of(r), (long long)T, (long long)K, (long long)M, (long long)N, offset, a.vec, weighted);

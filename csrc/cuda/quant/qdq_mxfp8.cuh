@@ -46,6 +46,7 @@
 #include <cuda_fp8.h>
 
 #include "../common/fp8.cuh"
+#include "gathered_block.cuh"
 #include "../mok_cuda.h"
 
 namespace mok_qdq {
@@ -69,6 +70,9 @@ struct params {
     int32_t* error_flag;    /* host-mapped error word or NULL */
     int tiles_n;            /* warp tiles along N */
     int tiles;              /* warp tiles in all */
+    /* kernels built with kGather only: row m of the [M, N] input is row gather.src[m] / top_k of x [T, N]
+     * (times gather.w[src[m]] when set), a zero row for padding (quant/gathered_block.cuh) */
+    mok_gathered::rows_of_plan gather;
 };
 
 /* The thread's place: first row r and column c of its 8 x 8 piece, and how many exist (0 .. 8). */
@@ -183,7 +187,9 @@ __device__ __forceinline__ bool bad_offset(int32_t off, int64_t M) {
     return off < 0 || off > M || (off % kBlock != 0 && off != M);
 }
 
-template <bool kRows, bool kCols, bool kVec>
+/* kGather: the input's rows are the plan's gathered rows of x (p.gather), read straight from x: the
+ * qdq of gather_rows(x, src_of_row, w, top_k) without that tensor written (v48). */
+template <bool kRows, bool kCols, bool kVec, bool kGather = false>
 __global__ void __launch_bounds__(kThreads) qdq_mxfp8_kernel(const params p) {
     static_assert(kRows || kCols, "at least one copy");
     /* ---- column-wise: segment starts must be 32-row aligned; report a bad plan, write nothing ---- */
@@ -220,7 +226,8 @@ __global__ void __launch_bounds__(kThreads) qdq_mxfp8_kernel(const params p) {
     t.nc = (int)(p.N - t.c < 0 ? 0 : (p.N - t.c > 8 ? 8 : p.N - t.c));
 
     uint32_t w[8][4];
-    load_piece<kVec>(p, t, w);
+    if constexpr (kGather) mok_gathered::load_block(p.gather, p.x, p.N, t.r, t.nr, t.c, t.nc, kVec, w);
+    else load_piece<kVec>(p, t, w);
 
     /* ---- magnitude maxima: row[i] = (even, odd) column maxima of row i; cm[k] = columns 2k, 2k + 1 ---- */
     uint32_t row[8], cm[4] = {0u, 0u, 0u, 0u};

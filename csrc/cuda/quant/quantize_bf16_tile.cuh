@@ -35,6 +35,7 @@
 
 #include "../common/dtype.cuh"
 #include "../common/fp8.cuh"
+#include "gathered_block.cuh"
 
 namespace mok_qtile {
 
@@ -57,13 +58,9 @@ struct tile_args {
     int nbn;                /* tiles along N */
     int vec;                /* rows of x load as 16 B and rows of q store as 8 B (N % 8 == 0, aligned) */
     int vec_t;              /* rows of qt store as 16 B (M % 16 == 0, aligned) */
-    /* gathered rows (kernels built with kGather only): row m of the tile grid is row src[m] / top_k of
-     * x, times w[src[m]] when w is set (rounded to bf16 as gather_rows does), a zero row where src[m]
-     * is outside [0, src_limit) (the plan's padding, -1). */
-    const int32_t* src;
-    const float* w;         /* [src_limit] or null */
-    int64_t src_limit;      /* T * top_k */
-    int top_k;
+    /* gathered rows (kernels built with kGather only; quant/gathered_block.cuh): row m of the tile grid is
+     * row gather.src[m] / top_k of x, times gather.w[src[m]] when set, a zero row for padding */
+    mok_gathered::rows_of_plan gather;
 };
 
 static inline tile_args tile_args_of(const __nv_bfloat16* x, int64_t M, int64_t N, uint8_t* q, void* scales,
@@ -79,10 +76,10 @@ static inline tile_args tile_args_of(const __nv_bfloat16* x, int64_t M, int64_t 
     a.nbn = (int)((N + kTile - 1) / kTile);
     a.vec = N % 8 == 0 && ((uintptr_t)x & 15u) == 0 && ((uintptr_t)q & 7u) == 0;
     a.vec_t = qt != 0 && M % 16 == 0 && ((uintptr_t)qt & 15u) == 0;
-    a.src = nullptr;
-    a.w = nullptr;
-    a.src_limit = 0;
-    a.top_k = 1;
+    a.gather.src = nullptr;
+    a.gather.w = nullptr;
+    a.gather.src_limit = 0;
+    a.gather.top_k = 1;
     return a;
 }
 
@@ -125,73 +122,13 @@ __device__ __forceinline__ float hi_f(uint32_t w) { return __uint_as_float(w & 0
 
 /* ---- load: the thread's 8 x 8 block, w[i][k] = bf16 columns 2k (low half) and 2k + 1 of row i ---- */
 
-/* bf16(s * x) of both halves of a packed pair, rounded as gather_rows's weighted rows (mok_mul, then
- * RNE to bf16) in one cvt for the pair. NOTE: a NaN product comes out as the canonical NaN, not with
- * mok_from_acc's kept payload: here it only feeds a block maximum, where any NaN makes the block bad
- * (codes 0x7F, NaN scale) whatever its bits, so the codes and scales still equal those of
- * quantise(gather_rows(...)). Not for use where the bf16 bits themselves are kept. */
-__device__ __forceinline__ uint32_t scaled_pair(uint32_t word, float s) {
-    const __nv_bfloat162 p = __floats2bfloat162_rn(mok_mul(s, lo_f(word)), mok_mul(s, hi_f(word)));
-    return (uint32_t)__bfloat16_as_ushort(p.x) | ((uint32_t)__bfloat16_as_ushort(p.y) << 16);
-}
-
-/* The block of gathered rows: row r of the tile grid is row src[r] / top_k of x (times w[src[r]] when
- * a.w is set), a zero row where src[r] is outside [0, src_limit). The 8 index loads go out together,
- * then the 8 weights and the 8 row loads, and only then are the rows scaled: the first version scaled
- * each row right after its load, which left one row in flight per thread (the weighted kernel ran at
- * 0.66 of the copy against the unweighted 0.86-0.92, performance log v47).
- * NOTE: apart from load_block's plain path on purpose: sharing the row arithmetic changed the plain
- * kernels' SASS, which are measured as they are (v45). */
-__device__ __forceinline__ void load_gathered_block(const tile_args& a, const tile_thread& t, uint32_t (&w)[8][4]) {
-    const int rows = t.cols > 0 ? t.rows : 0;
-    int32_t src[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) src[i] = i < rows ? __ldg(a.src + t.r0 + i) : -1;
-    bool real[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) real[i] = src[i] >= 0 && src[i] < a.src_limit;
-    float scale[8];
-    if (a.w != nullptr) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) scale[i] = real[i] ? __ldg(a.w + src[i]) : 1.f;
-    }
-    if (a.vec) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int64_t row = real[i] ? (int64_t)((uint32_t)src[i] / (uint32_t)a.top_k) : 0;
-            uint4 u = make_uint4(0u, 0u, 0u, 0u);
-            if (real[i]) u = __ldg(reinterpret_cast<const uint4*>(a.x + row * a.N + t.c));
-            w[i][0] = u.x;
-            w[i][1] = u.y;
-            w[i][2] = u.z;
-            w[i][3] = u.w;
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int64_t row = real[i] ? (int64_t)((uint32_t)src[i] / (uint32_t)a.top_k) : 0;
-            const uint16_t* p = reinterpret_cast<const uint16_t*>(a.x) + row * a.N + t.c;
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const uint32_t lo = real[i] && 2 * k < t.cols ? p[2 * k] : 0u;
-                const uint32_t hi = real[i] && 2 * k + 1 < t.cols ? p[2 * k + 1] : 0u;
-                w[i][k] = lo | (hi << 16);
-            }
-        }
-    }
-    /* a padding row is zeros times 1: still zeros */
-    if (a.w != nullptr) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-#pragma unroll
-            for (int k = 0; k < 4; ++k) w[i][k] = scaled_pair(w[i][k], scale[i]);
-    }
-}
-
 template <bool kGather = false>
 __device__ __forceinline__ void load_block(const tile_args& a, const tile_thread& t, uint32_t (&w)[8][4]) {
     if constexpr (kGather) {
-        load_gathered_block(a, t, w);
+        /* NOTE: apart from the plain path below on purpose: sharing the row arithmetic changed the plain
+         * kernels' SASS, which are measured as they are (v45). */
+        mok_gathered::load_block(a.gather, reinterpret_cast<const uint16_t*>(a.x), a.N, t.r0, t.rows, t.c, t.cols,
+                                 a.vec, w);
         return;
     }
     const int rows = t.cols > 0 ? t.rows : 0;
