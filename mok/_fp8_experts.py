@@ -37,7 +37,8 @@ faster on the H200).
 
 Weights are quantised once per version: the codes and scales are cached on the weight tensor and
 reused until the tensor changes in place (an optimizer step bumps its version counter) or is
-replaced. The cache is skipped under torch.compile (the quantisation is then part of the graph).
+replaced. The cache is skipped under torch.compile (the quantisation is then part of the graph) and
+while a CUDA graph is captured (so that each replay quantises the weight as it is then).
 
 Shapes: H, I multiples of 128 (whole scale blocks, as the FP8 GEMM needs); bf16 x and weights.
 """
@@ -105,9 +106,21 @@ _CACHE_ATTR = "_mok_fp8_blockwise"
 _CACHE_ATTR_T = "_mok_fp8_blockwise_t"
 
 
-def _cached(w, attr, make):
-    """make(w), kept on w and reused while w keeps its storage and version (no cache under compile)."""
+def weight_cache_usable():
+    """Whether a weight's quantised copies may be kept on the weight and reused. Not under torch.compile
+    (the quantisation is then part of the graph), nor while a CUDA graph is captured: a captured step
+    that took cached codes would never read the weight, so its replays would keep using the codes of
+    the weight as it was at capture, after the optimizer has changed it in place; and codes made during
+    a capture live in the graph's memory pool, which replays overwrite."""
     if torch.compiler.is_compiling():
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def _cached(w, attr, make):
+    """make(w), kept on w and reused while w keeps its storage and version (not cached where
+    weight_cache_usable() says no)."""
+    if not weight_cache_usable():
         return make(w)
     key = (w._version, w.data_ptr(), tuple(w.shape))
     hit = getattr(w, attr, None)
@@ -126,9 +139,10 @@ def cached_expert_weight(w):
     return _cached(w, _CACHE_ATTR, quantize_expert_weight)
 
 
-def cached_expert_weight_t(w):
-    """The codes of w^T per expert (for the FP8 dgrad), reused like cached_expert_weight."""
-    return _cached(w, _CACHE_ATTR_T, lambda t: transpose_expert_codes(*cached_expert_weight(t)))
+def cached_expert_weight_t(w, codes):
+    """The codes of w^T per expert (for the FP8 dgrad) from codes = cached_expert_weight(w), reused like
+    them."""
+    return _cached(w, _CACHE_ATTR_T, lambda t: transpose_expert_codes(*codes))
 
 
 def _rowcol_of_rows(x, src_of_row, top_k, x_rows):
@@ -375,8 +389,8 @@ def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj, fp8_dgrad
     w1t_q = w1t_s = w2t_q = w2t_s = None
     grad = torch.is_grad_enabled()
     if fp8_dgrad and grad:
-        w1t_q, w1t_s = cached_expert_weight_t(gate_up_proj)
-        w2t_q, w2t_s = cached_expert_weight_t(down_proj)
+        w1t_q, w1t_s = cached_expert_weight_t(gate_up_proj, (w1_q, w1_s))
+        w2t_q, w2t_s = cached_expert_weight_t(down_proj, (w2_q, w2_s))
     # column-wise copies of x_rows and act only where a weight gradient will be taken
     wgrad1 = bool(fp8_wgrad and grad and gate_up_proj.requires_grad)
     wgrad2 = bool(fp8_wgrad and grad and down_proj.requires_grad)

@@ -36,12 +36,14 @@ SwiGLU and its backward and the combine are the BF16 path's (on the bf16 h, act 
 router-weight gradient is combine's, sum_h dy * rows with the GEMM2 output rows. The gathers of x_rows
 and d_rows are fused into their qdq passes (GATHER_QDQ below).
 Weights' qdq copies are kept on the weight tensor and reused while it keeps its storage and version
-(an optimizer step bumps the version), as the blockwise recipe's codes; not under torch.compile.
+(an optimizer step bumps the version), as the blockwise recipe's codes; not under torch.compile nor
+while a CUDA graph is captured.
 
 Shapes: bf16 x and weights, H and I multiples of 32 (whole MXFP8 blocks along every contraction).
 """
 import torch
 
+from ._fp8_experts import weight_cache_usable
 from ._gate_up import _SwiGLUOf
 from ._ops import ops
 
@@ -83,8 +85,9 @@ _CACHE_ATTR = "_mok_mxfp8_qdq"
 
 def cached_expert_weight(w, cols):
     """qdq_expert_weight(w, cols), kept on w and reused while w keeps its storage and version (a
-    cached pair serves a rows-only call too); recomputed under torch.compile (part of the graph)."""
-    if torch.compiler.is_compiling():
+    cached pair serves a rows-only call too); recomputed under torch.compile (part of the graph) and while
+    a CUDA graph is captured (weight_cache_usable)."""
+    if not weight_cache_usable():
         return qdq_expert_weight(w, cols)
     key = (w._version, w.data_ptr(), tuple(w.shape), w.device)
     hit = getattr(w, _CACHE_ATTR, None)

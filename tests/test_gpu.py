@@ -81,6 +81,46 @@ def test_training_step_captures_in_cuda_graph():
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("options", [dict(recipe="blockwise"), dict(recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True),
+                                     dict(recipe="mxfp8")], ids=str)
+def test_fp8_training_step_in_a_cuda_graph_sees_the_updated_weights(options):
+    # The FP8 recipes cache the weights' quantised copies per weight version. A captured step must not
+    # take them from the cache: its replays would keep the codes of the weights at capture time after
+    # an optimizer changes the weights in place (the graph's kernels would never read them). Capture
+    # right after an eager step at the same weight version (a cache hit), then change the weights in
+    # place before each replay: the replay must equal an eager step on the new weights, bit for bit.
+    torch.manual_seed(0)
+    layer = mok.MoE(256, 128, 8, 2, device="cuda", dtype=torch.bfloat16, **options)
+    static_x = torch.randn(384, 256, device="cuda", dtype=torch.bfloat16)
+    static_gy = torch.randn_like(static_x)
+    params = list(layer.parameters())
+
+    def step():
+        y = layer(static_x)
+        return y, torch.autograd.grad(y, params, static_gy)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_static, g_static = step()
+    for _ in range(3):
+        with torch.no_grad():
+            for p in params:
+                p.add_(torch.randn_like(p), alpha=0.05)  # an optimizer step, in place
+        static_x.copy_(torch.randn_like(static_x))
+        graph.replay()
+        torch.cuda.synchronize()
+        y_eager, g_eager = step()
+        assert torch.equal(y_static, y_eager)
+        for a, b in zip(g_static, g_eager):
+            assert torch.equal(a, b)
+
+
 def test_out_of_range_expert_id_is_reported():
     case = MoECase(64, 32, 16, 4, 2)
     x, idx, w, gate_up, down = make_moe_inputs(case, torch.bfloat16, "cuda")
