@@ -13,7 +13,8 @@ Semantics (identical on every backend):
   pair (default T_max * K: nothing can overflow). Rows from source s sit at [s * C, s * C + n_s), in
   the source's (t, k) order, so each local expert sees its rows in the order of the W = 1 plan of the
   concatenated tokens of ranks 0..W-1: results equal W = 1 bitwise in the deterministic default;
-- the local experts run on the received rows (each row its own token, K = 1, weight 1), combine
+- the local experts run on the received rows (each row its own token, K = 1, weight 1), in any of the
+  layers' recipes (recipe="bf16", "blockwise" with fp8_dgrad / fp8_wgrad, "mxfp8"), combine
   returns each output row to its source, where y[t] = sum_k topk_w[t, k] * out[t, k] in k order
   (mok.ops.combine, the W = 1 kernel);
 - backward: combine-backward is a dispatch of topk_w-weighted dy rows plus the topk_w gradient on
@@ -39,6 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import _ep_ops  # noqa: F401  (fakes and autograd of mok::ep_dispatch / mok::ep_combine)
+from . import _fp8_experts, _mxfp8_experts
 from ._gate_up import gate_up_swiglu
 from ._ops import ops
 from .functional import moe_plan
@@ -246,13 +248,38 @@ def _kernels_available():
     return torch._C._dispatch_has_kernel_for_dispatch_key("mok::ep_dispatch", "CUDA")
 
 
-def _local_experts(recv, eid, gate_up, down):
+FP8_PLAN_TILE = 128  # the local plans' row alignment under the FP8 recipes (see _local_experts)
+
+
+def _local_experts(recv, eid, gate_up, down, recipe="bf16", fp8_dgrad=False, fp8_wgrad=False):
     """The local experts on received rows [W * C, H] (slot expert ids eid [W * C], -1 = empty):
-    each row its own token with K = 1; empty slots come out as zero rows."""
-    plan = moe_plan(eid.view(-1, 1), gate_up.shape[0], skip_invalid=True)
-    act = gate_up_swiglu(recv, plan.src_of_row, plan.row_of, 1, gate_up, plan.offsets)
-    rows = ops.grouped_mm(act, None, 1, down, plan.offsets, True)
-    return ops.combine(rows, plan.row_of, plan.src_of_row, None)
+    each row its own token with K = 1; empty slots come out as zero rows. recipe / fp8_dgrad /
+    fp8_wgrad: as mok.functional.moe_experts'."""
+    if recipe == "bf16":
+        plan = moe_plan(eid.view(-1, 1), gate_up.shape[0], skip_invalid=True)
+        act = gate_up_swiglu(recv, plan.src_of_row, plan.row_of, 1, gate_up, plan.offsets)
+        rows = ops.grouped_mm(act, None, 1, down, plan.offsets, True)
+        return ops.combine(rows, plan.row_of, plan.src_of_row, None)
+    # The FP8 recipes' experts with routing weight 1 (applied by the source's combine): bf16(1 * row) is
+    # the row, so the outputs are those of an unweighted combine. The plan is 128-aligned on every device
+    # (CUDA's default) so that a column-wise block of the weight gradients never straddles two experts:
+    # each expert's rows and blocks are then those of the W = 1 plan, and the results equal W = 1's
+    # (with a 128-aligned plan) bitwise.
+    plan = moe_plan(eid.view(-1, 1), gate_up.shape[0], tile=FP8_PLAN_TILE, skip_invalid=True)
+    ones = torch.ones(recv.shape[0], 1, dtype=torch.float32, device=recv.device)
+    if recipe == "blockwise":
+        return _fp8_experts.experts_blockwise(recv, plan, 1, ones, gate_up, down, fp8_dgrad=fp8_dgrad,
+                                              fp8_wgrad=fp8_wgrad)
+    return _mxfp8_experts.experts_mxfp8(recv, plan, 1, ones, gate_up, down)
+
+
+def check_recipe(recipe, fp8_dgrad, fp8_wgrad):
+    """The recipe options of the expert-parallel experts, with errors that name the argument."""
+    if recipe not in _fp8_experts.RECIPES:
+        raise ValueError(f"mok.ExpertParallel: recipe must be one of {_fp8_experts.RECIPES}, got {recipe!r}")
+    for name, value in (("fp8_dgrad", fp8_dgrad), ("fp8_wgrad", fp8_wgrad)):
+        if value and recipe != "blockwise":
+            raise ValueError(f"mok.ExpertParallel: {name} must be False unless recipe='blockwise', got {value}")
 
 
 class _ExpertParallelBase:
@@ -337,7 +364,13 @@ class _ExpertParallelBase:
         (zero rows for pairs that were not routed). Differentiable in rows."""
         return _CombineFn.apply(rows.contiguous(), recv_counts, self._ex, lay)
 
-    def _moe_stacked(self, x, topk_idx, topk_w, gate_up: List, down: List):
+    def _moe_stacked(self, x, topk_idx, topk_w, gate_up: List, down: List, recipe="bf16", fp8_dgrad=False,
+                     fp8_wgrad=False):
+        check_recipe(recipe, fp8_dgrad, fp8_wgrad)
+        if recipe == "blockwise":
+            _fp8_experts.check_blockwise_args(x, gate_up[0])
+        elif recipe == "mxfp8":
+            _mxfp8_experts.check_mxfp8_args(x, gate_up[0])
         if not torch.compiler.is_compiling():
             self.check_errors()
         R, T, H = x.shape
@@ -348,7 +381,8 @@ class _ExpertParallelBase:
             raise ValueError(f"mok.ExpertParallel: topk_idx.shape[-1] must be top_k={self.top_k}, got {K}")
         lay = self.layout(topk_idx)
         recv, eid, cnt = self.dispatch(x, lay, K)
-        out = torch.stack([_local_experts(recv[r], eid[r], gate_up[r], down[r]) for r in range(R)])
+        out = torch.stack([_local_experts(recv[r], eid[r], gate_up[r], down[r], recipe, fp8_dgrad, fp8_wgrad)
+                           for r in range(R)])
         pairs = self.combine(out, cnt, lay)
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
         w = topk_w.to(acc).contiguous()
@@ -427,12 +461,15 @@ class ExpertParallel(_ExpertParallelBase):
         self._hflags.barrier(channel=0)  # every rank's flags are zero before anyone signals
         self._ex = _KernelExchange(self._table, W, 1, self.rank, C, self.buf_bytes, blocks, self.timeout_s)
 
-    def moe_experts(self, x, topk_idx, topk_w, gate_up_local, down_local):
+    def moe_experts(self, x, topk_idx, topk_w, gate_up_local, down_local, *, recipe="bf16", fp8_dgrad=False,
+                    fp8_wgrad=False):
         """x [T, H] (T <= max_tokens, may differ per rank), topk_idx [T, K] global expert ids (-1: not
         routed), topk_w [T, K]; gate_up_local [E/W, 2I, H], down_local [E/W, H, I]: this rank's experts.
-        Returns y [T, H]; differentiable in x, topk_w and the local weights."""
+        recipe, fp8_dgrad, fp8_wgrad: the local experts' numerics, as in mok.functional.moe_experts
+        (the exchange moves bf16 rows either way). Returns y [T, H]; differentiable in x, topk_w and the
+        local weights."""
         y = self._moe_stacked(x.unsqueeze(0), topk_idx.unsqueeze(0), topk_w.unsqueeze(0), [gate_up_local],
-                              [down_local])
+                              [down_local], recipe, fp8_dgrad, fp8_wgrad)
         return y[0]
 
 
@@ -467,14 +504,14 @@ class VirtualExpertParallel(_ExpertParallelBase):
             blocks = max(1, min(16, sms // W))
         self._ex = _KernelExchange(self._table, W, W, 0, C, self.buf_bytes, blocks, timeout_s)
 
-    def moe_experts(self, x, topk_idx, topk_w, gate_up, down):
+    def moe_experts(self, x, topk_idx, topk_w, gate_up, down, *, recipe="bf16", fp8_dgrad=False, fp8_wgrad=False):
         """x [W, T, H], topk_idx [W, T, K] (-1: not routed; pads ranks with fewer tokens), topk_w
-        [W, T, K]; gate_up [E, 2I, H] and down [E, H, I]: ALL experts, rank r using its shard.
-        Returns y [W, T, H]."""
+        [W, T, K]; gate_up [E, 2I, H] and down [E, H, I]: ALL experts, rank r using its shard; recipe,
+        fp8_dgrad, fp8_wgrad as in ExpertParallel.moe_experts. Returns y [W, T, H]."""
         El = self.local_experts
         gu = [gate_up[r * El:(r + 1) * El] for r in range(self.world)]
         dn = [down[r * El:(r + 1) * El] for r in range(self.world)]
-        return self._moe_stacked(x, topk_idx, topk_w, gu, dn)
+        return self._moe_stacked(x, topk_idx, topk_w, gu, dn, recipe, fp8_dgrad, fp8_wgrad)
 
 
 class ExpertParallelExperts(nn.Module):
@@ -482,9 +519,12 @@ class ExpertParallelExperts(nn.Module):
     down_proj [E/W, H, I] hold this rank's shard (experts [r E/W, (r+1) E/W)); forward(x [T, H],
     topk_idx [T, K] global ids, topk_w [T, K]) -> [T, H], like mok.GroupedExperts."""
 
-    def __init__(self, ep: ExpertParallel, hidden_size, intermediate_size, *, device=None, dtype=None):
+    def __init__(self, ep: ExpertParallel, hidden_size, intermediate_size, *, recipe="bf16", fp8_dgrad=False,
+                 fp8_wgrad=False, device=None, dtype=None):
         super().__init__()
+        check_recipe(recipe, fp8_dgrad, fp8_wgrad)
         self.ep = ep
+        self.recipe, self.fp8_dgrad, self.fp8_wgrad = recipe, fp8_dgrad, fp8_wgrad
         self.num_experts, self.hidden_size, self.intermediate_size = ep.num_experts, hidden_size, intermediate_size
         El = ep.local_experts
         kw = dict(device=device, dtype=dtype)
@@ -496,10 +536,12 @@ class ExpertParallelExperts(nn.Module):
 
     @classmethod
     def from_experts(cls, experts, ep: ExpertParallel):
-        """This rank's shard of a full mok.GroupedExperts (the weights are copied)."""
+        """This rank's shard of a full mok.GroupedExperts (the weights are copied; its recipe kept)."""
         El, r = ep.local_experts, ep.rank
         gu, dn = experts.gate_up_proj, experts.down_proj
-        m = cls(ep, experts.hidden_size, experts.intermediate_size, device=gu.device, dtype=gu.dtype)
+        m = cls(ep, experts.hidden_size, experts.intermediate_size, recipe=getattr(experts, "recipe", "bf16"),
+                fp8_dgrad=getattr(experts, "fp8_dgrad", False), fp8_wgrad=getattr(experts, "fp8_wgrad", False),
+                device=gu.device, dtype=gu.dtype)
         with torch.no_grad():
             m.gate_up_proj.copy_(gu[r * El:(r + 1) * El])
             m.down_proj.copy_(dn[r * El:(r + 1) * El])
@@ -507,4 +549,5 @@ class ExpertParallelExperts(nn.Module):
 
     def forward(self, x, topk_idx, topk_w, plan: Optional[object] = None):
         del plan  # the W = 1 plan of the local tokens does not apply to the received rows
-        return self.ep.moe_experts(x, topk_idx, topk_w, self.gate_up_proj, self.down_proj)
+        return self.ep.moe_experts(x, topk_idx, topk_w, self.gate_up_proj, self.down_proj, recipe=self.recipe,
+                                   fp8_dgrad=self.fp8_dgrad, fp8_wgrad=self.fp8_wgrad)

@@ -121,13 +121,13 @@ class MoE(nn.Module):
         (rank r holds experts [r E/W, (r+1) E/W)) and forward and backward exchange tokens through
         it. The router and the shared experts stay replicated; each rank routes its own tokens.
         recipe: "bf16" (default), "blockwise" (the routed experts' forward GEMMs in FP8 E4M3 with
-        DeepSeek-V3's block scales, backward in BF16) or "mxfp8" (MXFP8 numerics on the BF16 kernels);
-        not yet with ep. fp8_dgrad / fp8_wgrad (with
+        DeepSeek-V3's block scales, backward in BF16) or "mxfp8" (MXFP8 numerics on the BF16 kernels),
+        with or without ep (the exchange moves bf16 rows). fp8_dgrad / fp8_wgrad (with
         recipe="blockwise"): the backward's dgrad / weight-gradient GEMMs of the routed experts in FP8
         too (see mok.functional.moe_experts)."""
         super().__init__()
-        if ep is not None and recipe != "bf16":
-            raise ValueError(f"mok: MoE(ep=...) runs recipe='bf16' only for now, got recipe={recipe!r}")
+        if recipe not in _fp8_experts.RECIPES:
+            raise ValueError(f"mok: recipe must be one of {_fp8_experts.RECIPES}, got {recipe!r}")
         _check_fp8_backward_options(recipe, fp8_dgrad, fp8_wgrad)
         self.hidden_size, self.num_experts, self.top_k = hidden_size, num_experts, top_k
         self.router = TopKRouter(hidden_size, num_experts, top_k, score_func=score_func,
@@ -142,7 +142,8 @@ class MoE(nn.Module):
 
             if ep.num_experts != num_experts or ep.top_k != top_k or ep.hidden_size != hidden_size:
                 raise ValueError("mok: MoE(ep=...) needs a group made for the same num_experts, top_k and hidden_size")
-            self.experts = ExpertParallelExperts(ep, hidden_size, intermediate_size, device=device, dtype=dtype)
+            self.experts = ExpertParallelExperts(ep, hidden_size, intermediate_size, recipe=recipe, fp8_dgrad=fp8_dgrad,
+                                                 fp8_wgrad=fp8_wgrad, device=device, dtype=dtype)
         self.ep = ep
         self.shared_experts = None
         if num_shared_experts or shared_intermediate_size:

@@ -144,14 +144,14 @@ def stack_ranks(p, world):
     return x, idx, w, dy, T_max
 
 
-def run_virtual(p, world, **kw):
+def run_virtual(p, world, experts_kw=None, **kw):
     x, idx, w, dy, T_max = stack_ranks(p, world)
     x.requires_grad_()
     w.requires_grad_()
     gu, dn = p["gu"].clone().requires_grad_(), p["dn"].clone().requires_grad_()
     g = ep.VirtualExpertParallel(world, num_experts=p["E"], max_tokens=T_max, top_k=p["K"], hidden_size=p["H"],
                                  dtype=x.dtype, device=x.device, **kw)
-    y = g.moe_experts(x, idx, w, gu, dn)
+    y = g.moe_experts(x, idx, w, gu, dn, **(experts_kw or {}))
     (y * dy).sum().backward()
     return g, y.detach(), x.grad, w.grad, gu.grad, dn.grad
 
@@ -180,6 +180,64 @@ def test_virtual_ranks_match_w1_bitwise(world, dtype, _fresh_seed):
     for r, n in enumerate(p["tokens"]):
         pad[r, :n] = False
     assert not y[pad].any() and not dx[pad].any() and not dw[pad].any()
+
+
+FP8_OPTIONS = [dict(recipe="blockwise"), dict(recipe="blockwise", fp8_dgrad=True),
+               dict(recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True), dict(recipe="mxfp8")]
+
+
+def recipe_reference(p, options):
+    """W = 1 through mok.functional.moe_experts with the recipe's options and a 128-aligned plan (as the
+    expert-parallel local experts use under the FP8 recipes, and CUDA by default; on the CPU's 1-aligned
+    plans the weight gradients' column-wise blocks would straddle experts): y and the gradients of x,
+    w, gate_up, down."""
+    x, w = p["x"].clone().requires_grad_(), p["w"].clone().requires_grad_()
+    gu, dn = p["gu"].clone().requires_grad_(), p["dn"].clone().requires_grad_()
+    plan = functional.moe_plan(p["idx"].to(x.device), p["E"], tile=ep.FP8_PLAN_TILE)
+    y = mok.functional.moe_experts(x, p["idx"].to(x.device), w, gu, dn, plan=plan, **options)
+    (y * p["dy"]).sum().backward()
+    return y.detach(), x.grad, w.grad, gu.grad, dn.grad
+
+
+def assert_matches_w1(got, want, tokens):
+    (y, dx, dw, dgu, ddn), (y0, dx0, dw0, dgu0, ddn0) = got, want
+    assert_same(unstack(y, tokens), y0, "y")
+    assert_same(unstack(dx, tokens), dx0, "d x")
+    assert_same(unstack(dw, tokens), dw0, "d topk_w")
+    assert_same(dgu, dgu0, "d gate_up_proj")
+    assert_same(ddn, ddn0, "d down_proj")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("options", FP8_OPTIONS, ids=str)
+def test_virtual_ranks_with_fp8_recipes_match_w1_bitwise(world, options, _fresh_seed):
+    # The local experts in an FP8 recipe (weight 1, K = 1 on the received rows) see each expert's rows in
+    # the W = 1 order, so the row-wise codes, the column-wise blocks along each expert's rows and every
+    # sum are those of W = 1: y and every gradient bitwise equal to moe_experts(recipe=...) on one rank.
+    p = make_problem(_fresh_seed, world, TOKENS[world], H=128, I=128, dtype=torch.bfloat16)
+    g, *got = run_virtual(p, world, experts_kw=options)
+    assert_matches_w1(got, recipe_reference(p, options), p["tokens"])
+
+
+def test_expert_parallel_recipe_options_are_checked():
+    g = ep.VirtualExpertParallel(2, num_experts=4, max_tokens=4, top_k=1, hidden_size=128, dtype=torch.bfloat16)
+    x = torch.randn(2, 4, 128, dtype=torch.bfloat16)
+    idx = torch.zeros(2, 4, 1, dtype=torch.int64)
+    w = torch.ones(2, 4, 1, dtype=torch.bfloat16)
+    gu, dn = torch.randn(4, 256, 128, dtype=torch.bfloat16), torch.randn(4, 128, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="recipe must be one of"):
+        g.moe_experts(x, idx, w, gu, dn, recipe="fp8")
+    with pytest.raises(ValueError, match="fp8_wgrad must be False unless recipe='blockwise'"):
+        g.moe_experts(x, idx, w, gu, dn, recipe="mxfp8", fp8_wgrad=True)
+    with pytest.raises(ValueError, match="multiples of 128"):
+        g.moe_experts(x, idx, w, gu[:, :192], dn[..., :96], recipe="blockwise")
+    with pytest.raises(ValueError, match="bfloat16"):
+        g.moe_experts(x.float(), idx, w.float(), gu.float(), dn.float(), recipe="mxfp8")
+    with pytest.raises(ValueError, match="fp8_dgrad must be False unless recipe='blockwise'"):
+        ep.ExpertParallelExperts(g, 128, 128, recipe="bf16", fp8_dgrad=True)
+    # the layer passes its recipe to the expert-parallel experts
+    layer = mok.MoE(128, 128, 4, 1, ep=g, recipe="blockwise", fp8_dgrad=True, dtype=torch.bfloat16)
+    assert (layer.experts.recipe, layer.experts.fp8_dgrad, layer.experts.fp8_wgrad) == ("blockwise", True, False)
 
 
 def test_virtual_ranks_small_capacity_within_bounds(_fresh_seed):

@@ -1,6 +1,6 @@
 """Expert parallelism on one GPU (marked gpu; skipped without CUDA):
 - virtual ranks W = 2, 4, 8 (the exchange kernels, one launch for all ranks) equal W = 1 bitwise,
-  forward and backward, ragged routing included;
+  forward and backward, ragged routing included, with the local experts in BF16, FP8 or MXFP8;
 - the kernels' raw exchange equals the pure-torch simulation bitwise;
 - a rank that never sends makes the others time out within the configured time, and Python raises;
 - an EP forward + backward step captures in a CUDA graph and replays correctly;
@@ -19,7 +19,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import mok.ep as ep
-from test_ep import TOKENS, assert_same, make_problem, reference, stack_ranks, unstack
+from test_ep import (FP8_OPTIONS, TOKENS, assert_matches_w1, assert_same, make_problem, recipe_reference, reference,
+                     stack_ranks, unstack)
 
 pytestmark = pytest.mark.gpu
 
@@ -42,14 +43,14 @@ def stacked_on(p, world):
     return x.to(dev), idx.to(dev), w.to(dev), dy.to(dev), T_max
 
 
-def run_virtual(p, world, backend="kernel", **kw):
+def run_virtual(p, world, backend="kernel", experts_kw=None, **kw):
     x, idx, w, dy, T_max = stacked_on(p, world)
     x.requires_grad_()
     w.requires_grad_()
     gu, dn = p["gu"].clone().requires_grad_(), p["dn"].clone().requires_grad_()
     g = ep.VirtualExpertParallel(world, num_experts=p["E"], max_tokens=T_max, top_k=p["K"], hidden_size=p["H"],
                                  dtype=x.dtype, device=x.device, backend=backend, **kw)
-    y = g.moe_experts(x, idx, w, gu, dn)
+    y = g.moe_experts(x, idx, w, gu, dn, **(experts_kw or {}))
     (y * dy).sum().backward()
     g.check_errors(synchronize=True)
     return g, y.detach(), x.grad, w.grad, gu.grad, dn.grad
@@ -69,6 +70,18 @@ def test_virtual_kernels_match_w1_bitwise(world, dtype, H, _fresh_seed):
     assert_same(unstack(dw, tok), dw0, "d topk_w")
     assert_same(dgu, dgu0, "d gate_up_proj")
     assert_same(ddn, ddn0, "d down_proj")
+
+
+@needs_kernels
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("options", FP8_OPTIONS, ids=str)
+def test_virtual_kernels_with_fp8_recipes_match_w1_bitwise(world, options, _fresh_seed):
+    # the exchange kernels with the local experts in FP8 (blockwise, with FP8 dgrad / wgrad) or MXFP8:
+    # equal to moe_experts(recipe=...) on one rank (CUDA plans are 128-aligned by default)
+    p = to_device(make_problem(_fresh_seed, world, TOKENS[world], H=128, I=128, E=16), torch.bfloat16)
+    g, *got = run_virtual(p, world, experts_kw=options)
+    assert g.backend == "kernel"
+    assert_matches_w1(got, recipe_reference(p, options), p["tokens"])
 
 
 @needs_kernels
