@@ -7,12 +7,15 @@ rows weighted.
 
     python benchmarks/bench_ep_layer.py --world 8                  # one process per GPU (NCCL)
     python benchmarks/bench_ep_layer.py --world 8 --shapes qwen3_30b_a3b --iters 20
+    python benchmarks/bench_ep_layer.py --world 8 --recipes bf16,blockwise_all,mxfp8   # mok's FP8 recipes too
     python benchmarks/bench_ep_layer.py --quick                    # W = 2 on the CPU (gloo), smoke test
+                                                                   # (fp32; bf16 with an FP8 recipe)
 
 Shapes (tokens per rank T, H, I, experts E, top-k K): dsv3 (4096, 7168, 2048, 256, 8) and
 qwen3_30b_a3b (4096, 2048, 768, 128, 8). Routing is uniform random top-k. Times are medians of
 whole fwd+bwd steps between barriers (the baseline's host syncs are part of its cost), the slowest
-rank's; 'err y' compares the two layers' outputs on rank 0."""
+rank's; 'err y' compares the two layers' outputs on rank 0 (the baseline is BF16: FP8 recipes show their
+quantisation error there, ~6e-2)."""
 import argparse
 import datetime
 import gc
@@ -36,6 +39,10 @@ SHAPES = {  # name: (T per rank, H, I, E, K)
     "qwen3_30b_a3b": (4096, 2048, 768, 128, 8),
 }
 QUICK = {"quick": (96, 64, 48, 8, 2)}
+QUICK_FP8 = {"quick": (64, 128, 128, 8, 2)}  # --quick with an FP8 recipe: bf16, H and I multiples of 128
+# --recipes: the local experts' numerics (ExpertParallel.moe_experts' options); the exchange moves bf16 rows
+RECIPES = {"bf16": {}, "blockwise": dict(recipe="blockwise"),
+           "blockwise_all": dict(recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True), "mxfp8": dict(recipe="mxfp8")}
 
 
 def local_experts_mlp(x_local, counts, gate_up, down, use_grouped_mm):
@@ -116,12 +123,13 @@ def _worker(rank, world, store, shapes, args, out_path):
         device = torch.device("cpu")
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=600))
-    dtype = torch.bfloat16 if cuda else torch.float32
+    fp8 = any(r != "bf16" for r in args.recipes.split(","))
+    dtype = torch.bfloat16 if cuda or fp8 else torch.float32
     use_gmm = cuda and grouped_mm_available("cuda", dtype)
     lines = []
     try:
         for name in shapes:
-            T, H, I, E, K = (QUICK if args.quick else SHAPES)[name]
+            T, H, I, E, K = ((QUICK_FP8 if fp8 else QUICK) if args.quick else SHAPES)[name]
             El = E // world
             gen = torch.Generator().manual_seed(1234)  # the same full weights on every rank
             gate_up_full = torch.randn(E, 2 * I, H, generator=gen) / H ** 0.5
@@ -136,24 +144,28 @@ def _worker(rank, world, store, shapes, args, out_path):
             group = ep.ExpertParallel(num_experts=E, max_tokens=T, top_k=K, hidden_size=H, dtype=dtype,
                                       device=device)
 
-            def mok_step():
-                y = group.moe_experts(x, idx, w, gu, dn)
-                torch.autograd.grad(y, (x, w, gu, dn), gy)
-
             def base_step():
                 y = baseline_ep_experts(x, idx, w, gu, dn, world, use_gmm)
                 torch.autograd.grad(y, (x, w, gu, dn), gy)
 
-            with torch.no_grad():
-                a = group.moe_experts(x, idx, w, gu, dn).float()
-                b = baseline_ep_experts(x, idx, w, gu, dn, world, use_gmm).float()
-                err = float((a - b).norm() / b.norm().clamp_min(1e-30))
-            t_mok = time_steps_ms(mok_step, device, args.iters, args.warmup)
             t_base = time_steps_ms(base_step, device, args.iters, args.warmup)
-            group.check_errors(synchronize=True)
-            lines.append(f"| {name} | {world} | {T} | {H} | {I} | {E} | {K} | {group.backend} | "
-                         f"{'grouped_mm' if use_gmm else 'loop'} | {t_base:.3f} | {t_mok:.3f} | "
-                         f"{t_base / t_mok:.2f}x | {err:.1e} |")
+            with torch.no_grad():
+                b = baseline_ep_experts(x, idx, w, gu, dn, world, use_gmm).float()
+            for recipe in args.recipes.split(","):
+                options = RECIPES[recipe]
+
+                def mok_step():
+                    y = group.moe_experts(x, idx, w, gu, dn, **options)
+                    torch.autograd.grad(y, (x, w, gu, dn), gy)
+
+                with torch.no_grad():
+                    a = group.moe_experts(x, idx, w, gu, dn, **options).float()
+                    err = float((a - b).norm() / b.norm().clamp_min(1e-30))
+                t_mok = time_steps_ms(mok_step, device, args.iters, args.warmup)
+                group.check_errors(synchronize=True)
+                lines.append(f"| {name} | {world} | {T} | {H} | {I} | {E} | {K} | {group.backend} | {recipe} | "
+                             f"{'grouped_mm' if use_gmm else 'loop'} | {t_base:.3f} | {t_mok:.3f} | "
+                             f"{t_base / t_mok:.2f}x | {err:.1e} |")
         # NOTE: every rank done before any tears its group down. Twice in CI (gloo, CPU; 2026-12-05
         # rank 1, 2026-12-06 rank 0) a worker aborted with "terminate called without an active
         # exception" (a C++ thread destroyed while joinable), never in 43 local runs, loaded or not.
@@ -181,7 +193,13 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="tiny shape, W = 2, CPU (gloo)")
+    ap.add_argument("--recipes", default="bf16",
+                    help="comma list of mok's local-expert recipes from " + ", ".join(RECIPES) +
+                         " (blockwise_all: every expert GEMM in FP8); the baseline is BF16")
     args = ap.parse_args()
+    for r in args.recipes.split(","):
+        if r not in RECIPES:
+            sys.exit(f"bench_ep_layer: --recipes takes names from {', '.join(RECIPES)}, got {r!r}")
     if args.quick:
         world, shapes = args.world or 2, list(QUICK)
     else:
@@ -195,9 +213,9 @@ def main():
     print(f"torch {torch.__version__}, {world} ranks, "
           f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.quick else 'CPU'}, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
-    print("| shape | W | T per rank | H | I | E | K | mok exchange | baseline GEMM | baseline fwd+bwd ms | "
+    print("| shape | W | T per rank | H | I | E | K | mok exchange | mok recipe | baseline GEMM | baseline fwd+bwd ms | "
           "mok fwd+bwd ms | mok vs baseline | err y |")
-    print("|---|---|---|---|---|---|---|---|---|---:|---:|---:|---:|")
+    print("|---|---|---|---|---|---|---|---|---|---|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "out.txt")
         mp.spawn(_worker, args=(world, os.path.join(d, "store"), shapes, args, out), nprocs=world, join=True)

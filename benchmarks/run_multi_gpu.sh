@@ -5,8 +5,8 @@
 #      single-GPU EP tests,
 #   2. bench_ep.py: dispatch / combine GB/s per GPU for mok, NCCL all_to_all_single and
 #      all_to_all_vdev_2d at 4096 and 8192 tokens per rank, H 7168 and 4096, top-8, 256 experts,
-#   3. bench_ep_layer.py: mok's EP layer against the torchtitan-style EP baseline, DeepSeek-V3 and
-#      Qwen3 shapes, on every GPU.
+#   3. bench_ep_layer.py: mok's EP layer (BF16, every GEMM in FP8, MXFP8) against the torchtitan-style
+#      EP baseline, DeepSeek-V3 and Qwen3 shapes, on every GPU.
 # Logs in $OUT: env.txt, build.log, ep_tests.txt, bench_ep.txt, bench_ep_layer.txt.
 #   OUT=/tmp/out bash benchmarks/run_multi_gpu.sh
 set -uo pipefail
@@ -23,5 +23,6 @@ for tokens in 4096 8192; do
     done
 done > "$OUT/bench_ep.txt" 2>&1
 grep -E "GB/s" "$OUT/bench_ep.txt" | grep "rank 0" | cut -c1-150
-timeout 300 python3 benchmarks/bench_ep_layer.py --shapes dsv3,qwen3_30b_a3b > "$OUT/bench_ep_layer.txt" 2>&1
+timeout 420 python3 benchmarks/bench_ep_layer.py --shapes dsv3,qwen3_30b_a3b --recipes bf16,blockwise_all,mxfp8 \
+    > "$OUT/bench_ep_layer.txt" 2>&1
 grep "^|" "$OUT/bench_ep_layer.txt"

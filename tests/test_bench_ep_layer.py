@@ -7,13 +7,27 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_ep_layer_benchmark_quick_run_agrees_with_its_baseline():
+def _quick_rows(*extra):
     run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_ep_layer.py"), "--quick",
-                          "--iters", "1", "--warmup", "0"], capture_output=True, text=True, timeout=300,
+                          "--iters", "1", "--warmup", "0", *extra], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert run.returncode == 0, run.stderr[-2000:]
     rows = [line for line in run.stdout.splitlines() if line.startswith("| quick |")]
-    assert len(rows) == 1, run.stdout
-    cells = [c.strip() for c in rows[0].strip("|").split("|")]
-    assert cells[1] == "2" and cells[7] == "torch"  # W, mok's exchange backend on the CPU
+    return [[c.strip() for c in row.strip("|").split("|")] for row in rows], run.stdout
+
+
+def test_ep_layer_benchmark_quick_run_agrees_with_its_baseline():
+    rows, out = _quick_rows()
+    assert len(rows) == 1, out
+    cells = rows[0]
+    assert cells[1] == "2" and cells[7] == "torch" and cells[8] == "bf16"  # W, mok's exchange on the CPU, recipe
     assert float(cells[-1]) < 1e-5  # fp32 on both sides: the same sums in a different order
+
+
+def test_ep_layer_benchmark_quick_run_with_fp8_recipes():
+    # bf16 on the CPU: the local experts in FP8 (every GEMM) and MXFP8 against the BF16 baseline, within
+    # the layer tests' FP8 tolerance (0.12)
+    rows, out = _quick_rows("--recipes", "blockwise_all,mxfp8")
+    assert [r[8] for r in rows] == ["blockwise_all", "mxfp8"], out
+    for cells in rows:
+        assert 1e-3 < float(cells[-1]) < 0.12, cells
