@@ -3,6 +3,7 @@
 the W = 1 result of mok's operators (the layer's math; reference() below), forward and backward, on
 ragged routing."""
 import datetime
+import functools
 import os
 import tempfile
 
@@ -377,5 +378,22 @@ def test_compile_fullgraph_virtual_ranks(_fresh_seed):
     (dx0,) = torch.autograd.grad(y0.sum(), x)
     y1 = torch.compile(g.moe_experts, fullgraph=True)(x, idx, w, gu, dn)
     (dx1,) = torch.autograd.grad(y1.sum(), x)
+    assert_same(y1, y0, "compiled y")
+    assert_same(dx1, dx0, "compiled d x")
+
+
+@pytest.mark.parametrize("options", [FP8_OPTIONS[2], FP8_OPTIONS[3]], ids=str)
+def test_compile_fullgraph_virtual_ranks_fp8_recipes(options, _fresh_seed):
+    # the FP8 recipes' local experts under torch.compile(fullgraph=True): the same y and d x as eager
+    W, T, K, H, I, E = 2, 5, 2, 128, 128, 4
+    g = ep.VirtualExpertParallel(W, num_experts=E, max_tokens=T, top_k=K, hidden_size=H, dtype=torch.bfloat16)
+    x = torch.randn(W, T, H, dtype=torch.bfloat16, requires_grad=True)
+    idx, w = torch.randint(0, E, (W, T, K)), torch.rand(W, T, K)
+    gu = torch.randn(E, 2 * I, H, dtype=torch.bfloat16, requires_grad=True)
+    dn = torch.randn(E, H, I, dtype=torch.bfloat16, requires_grad=True)
+    y0 = g.moe_experts(x, idx, w, gu, dn, **options)
+    (dx0,) = torch.autograd.grad(y0.float().sum(), x)
+    y1 = torch.compile(functools.partial(g.moe_experts, **options), fullgraph=True)(x, idx, w, gu, dn)
+    (dx1,) = torch.autograd.grad(y1.float().sum(), x)
     assert_same(y1, y0, "compiled y")
     assert_same(dx1, dx0, "compiled d x")
