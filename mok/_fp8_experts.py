@@ -52,6 +52,17 @@ from .fp8_gemm import BLOCK, colwise_operand, quantize_colwise_blockwise, quanti
 RECIPES = ("bf16", "blockwise", "mxfp8")  # every recipe of the layers ("mxfp8": mok/_mxfp8_experts.py)
 ACT_RECIPE = "blockwise_1x128"
 
+
+def check_recipe_options(recipe, fp8_dgrad, fp8_wgrad, owner="mok"):
+    """recipe one of RECIPES; fp8_dgrad / fp8_wgrad only with recipe="blockwise". Errors name the argument
+    (owner: the caller's name in the message). One rule for the functional API, the layers and the
+    expert-parallel experts."""
+    if recipe not in RECIPES:
+        raise ValueError(f"{owner}: recipe must be one of {RECIPES}, got {recipe!r}")
+    for name, value in (("fp8_dgrad", fp8_dgrad), ("fp8_wgrad", fp8_wgrad)):
+        if value and recipe != "blockwise":
+            raise ValueError(f"{owner}: {name} must be False unless recipe='blockwise', got {value}")
+
 # The forward's GEMM1: False (default), the plain FP8 GEMM (128 x 192 tiles) then torch.ops.mok.swiglu;
 # True, one kernel with SwiGLU in its epilogue (mok.fp8_gemm.grouped_mm_swiglu_blockwise, 128 x 128
 # tiles): the same h and act bit for bit. Measured on an H200 (RESULTS v20, performance log v37): the

@@ -273,14 +273,6 @@ def _local_experts(recv, eid, gate_up, down, recipe="bf16", fp8_dgrad=False, fp8
     return _mxfp8_experts.experts_mxfp8(recv, plan, 1, ones, gate_up, down)
 
 
-def check_recipe(recipe, fp8_dgrad, fp8_wgrad):
-    """The recipe options of the expert-parallel experts, with errors that name the argument."""
-    if recipe not in _fp8_experts.RECIPES:
-        raise ValueError(f"mok.ExpertParallel: recipe must be one of {_fp8_experts.RECIPES}, got {recipe!r}")
-    for name, value in (("fp8_dgrad", fp8_dgrad), ("fp8_wgrad", fp8_wgrad)):
-        if value and recipe != "blockwise":
-            raise ValueError(f"mok.ExpertParallel: {name} must be False unless recipe='blockwise', got {value}")
-
 
 class _ExpertParallelBase:
     world: int
@@ -366,7 +358,7 @@ class _ExpertParallelBase:
 
     def _moe_stacked(self, x, topk_idx, topk_w, gate_up: List, down: List, recipe="bf16", fp8_dgrad=False,
                      fp8_wgrad=False):
-        check_recipe(recipe, fp8_dgrad, fp8_wgrad)
+        _fp8_experts.check_recipe_options(recipe, fp8_dgrad, fp8_wgrad, "mok.ExpertParallel")
         if recipe == "blockwise":
             _fp8_experts.check_blockwise_args(x, gate_up[0])
         elif recipe == "mxfp8":
@@ -522,7 +514,7 @@ class ExpertParallelExperts(nn.Module):
     def __init__(self, ep: ExpertParallel, hidden_size, intermediate_size, *, recipe="bf16", fp8_dgrad=False,
                  fp8_wgrad=False, device=None, dtype=None):
         super().__init__()
-        check_recipe(recipe, fp8_dgrad, fp8_wgrad)
+        _fp8_experts.check_recipe_options(recipe, fp8_dgrad, fp8_wgrad, "mok.ExpertParallelExperts")
         self.ep = ep
         self.recipe, self.fp8_dgrad, self.fp8_wgrad = recipe, fp8_dgrad, fp8_wgrad
         self.num_experts, self.hidden_size, self.intermediate_size = ep.num_experts, hidden_size, intermediate_size

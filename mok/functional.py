@@ -160,14 +160,9 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
     1 x 32 block along that GEMM's contraction dimension), computed exactly on the BF16 kernels:
     Blackwell's MXFP8 training numerics on Hopper, at BF16 speed plus the rounding passes (Hopper has
     no block-scaled MMA); needs bf16, H and I multiples of 32 (mok/_mxfp8_experts.py)."""
-    if recipe not in _fp8_experts.RECIPES:
-        _fail("recipe", f"one of {_fp8_experts.RECIPES}", repr(recipe))
+    _fp8_experts.check_recipe_options(recipe, fp8_dgrad, fp8_wgrad)
     x, gate_up_proj, down_proj = _autocast(x, gate_up_proj, down_proj)
     _check_experts_args(x, topk_idx, topk_w, gate_up_proj, down_proj)
-    if fp8_dgrad and recipe != "blockwise":
-        _fail("fp8_dgrad", "False unless recipe='blockwise'", fp8_dgrad)
-    if fp8_wgrad and recipe != "blockwise":
-        _fail("fp8_wgrad", "False unless recipe='blockwise'", fp8_wgrad)
     if recipe == "blockwise":
         _fp8_experts.check_blockwise_args(x, gate_up_proj)
     elif recipe == "mxfp8":

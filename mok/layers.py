@@ -9,13 +9,6 @@ from torch import nn
 from . import _fp8_experts, functional
 
 
-def _check_fp8_backward_options(recipe, fp8_dgrad, fp8_wgrad):
-    """fp8_dgrad / fp8_wgrad need recipe='blockwise' (the same rule as mok.functional.moe_experts)."""
-    for name, value in (("fp8_dgrad", fp8_dgrad), ("fp8_wgrad", fp8_wgrad)):
-        if value and recipe != "blockwise":
-            raise ValueError(f"mok: {name} must be False unless recipe='blockwise', got {value}")
-
-
 class TopKRouter(nn.Module):
     """Router of an MoE layer: fp32 logits x @ weight^T, then fused top-k (mok.functional.route_topk).
 
@@ -69,9 +62,7 @@ class GroupedExperts(nn.Module):
     def __init__(self, num_experts, hidden_size, intermediate_size, *, skip_invalid=False, recipe="bf16",
                  fp8_dgrad=False, fp8_wgrad=False, device=None, dtype=None):
         super().__init__()
-        if recipe not in _fp8_experts.RECIPES:
-            raise ValueError(f"mok: recipe must be one of {_fp8_experts.RECIPES}, got {recipe!r}")
-        _check_fp8_backward_options(recipe, fp8_dgrad, fp8_wgrad)
+        _fp8_experts.check_recipe_options(recipe, fp8_dgrad, fp8_wgrad)
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
         self.skip_invalid, self.recipe = skip_invalid, recipe
         self.fp8_dgrad, self.fp8_wgrad = bool(fp8_dgrad), bool(fp8_wgrad)
@@ -126,9 +117,7 @@ class MoE(nn.Module):
         recipe="blockwise"): the backward's dgrad / weight-gradient GEMMs of the routed experts in FP8
         too (see mok.functional.moe_experts)."""
         super().__init__()
-        if recipe not in _fp8_experts.RECIPES:
-            raise ValueError(f"mok: recipe must be one of {_fp8_experts.RECIPES}, got {recipe!r}")
-        _check_fp8_backward_options(recipe, fp8_dgrad, fp8_wgrad)
+        _fp8_experts.check_recipe_options(recipe, fp8_dgrad, fp8_wgrad)
         self.hidden_size, self.num_experts, self.top_k = hidden_size, num_experts, top_k
         self.router = TopKRouter(hidden_size, num_experts, top_k, score_func=score_func,
                                  norm_topk_prob=norm_topk_prob, n_group=n_group, topk_group=topk_group,

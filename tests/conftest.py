@@ -26,3 +26,21 @@ def _fresh_seed():
     seed = int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(seed)
     yield seed
+
+
+def capture_step(step, warmup=2, before_capture=None):
+    """Runs step() `warmup` times on a side stream (allocations and lazy set-up happen outside the
+    graph), calls before_capture() if given, then captures one call of step() in a CUDA graph.
+    Returns (graph, what the captured call returned)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    if before_capture is not None:
+        before_capture()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    return graph, out

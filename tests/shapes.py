@@ -125,3 +125,18 @@ def topk_w_err(got, ref, g, x, idx, gate_up, down):
     scale = (g.detach().double().cpu().norm(dim=1)[:, None] * rows_norm).norm()
     diff = (got.detach().double().cpu() - ref.detach().double().cpu()).norm()
     return float(diff / scale) if scale > 0 else float(diff)
+
+
+def make_gather_case(T, K, R, device, gen):
+    """(src_of_row [R] int32, w [T, K] fp32) for the ops on a plan's gathered rows: src_of_row as a plan
+    makes it (t * K + k, -1 for padding) with the last pair's row repeated; routing weights as the
+    backward's d_rows = gather(dy, w) has them, with a zero, a negative, a NaN and huge ones (products
+    that round, overflow or saturate)."""
+    src = torch.randint(-1, T * K, (R,), generator=gen, dtype=torch.int32)
+    if T * K:
+        src[: min(R, 5)] = T * K - 1
+    w = torch.rand(T, K, generator=gen) * 4 - 1
+    w.view(-1)[::5] = 0
+    w.view(-1)[3::11] = float("nan")
+    w.view(-1)[1::13] = 3e38
+    return src.to(device), w.to(device)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import mok.ep as ep
+from conftest import capture_step
 from test_ep import (FP8_OPTIONS, TOKENS, assert_matches_w1, assert_same, make_problem, recipe_reference, reference,
                      stack_ranks, unstack)
 
@@ -157,17 +158,11 @@ def test_cuda_graph_capture_of_ep_step(_fresh_seed):
         (y * sdy).sum().backward()
         return y.detach()
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    for t in (sx, sw, gu, dn):
-        t.grad = None
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y_static = step()
+    def drop_grads():
+        for t in (sx, sw, gu, dn):
+            t.grad = None
+
+    graph, y_static = capture_step(step, before_capture=drop_grads)
     for trial in range(2):
         q = to_device(make_problem(_fresh_seed + 1 + trial, world, [6, 6, 6, 6], H=64, E=8), torch.bfloat16)
         nx, nidx, nw, ndy, _ = stacked_on(q, world)

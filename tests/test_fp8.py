@@ -7,6 +7,7 @@ import torch
 
 import mok
 from conftest import DEVICES
+from shapes import make_gather_case
 from mok import reference
 
 RECIPES = ["blockwise_1x128", "blockwise_128x128", "mxfp8"]
@@ -243,14 +244,6 @@ def test_cuda_rowcol_strip_kernel_matches_the_c_core(monkeypatch, recipe, strip)
                                  f"{shape} column-wise")
 
 
-def _gather_plan(T, K, R, device, gen):
-    # src_of_row as the plan makes it: t * K + k, -1 for padding
-    src = torch.randint(-1, T * K, (R,), generator=gen, dtype=torch.int32)
-    if T * K:
-        src[: min(R, 5)] = T * K - 1  # the last token's row, repeated
-    return src.to(device)
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe", ROWCOL_RECIPES)
 def test_rowcol_gather_gives_the_rowcol_of_the_gathered_rows(device, recipe):
@@ -263,14 +256,8 @@ def test_rowcol_gather_gives_the_rowcol_of_the_gathered_rows(device, recipe):
                               (513, 8, 4100, 2048, torch.bfloat16), (20, 4, 0, 128, torch.bfloat16),
                               (33, 2, 70, 136, torch.float32)]:
         x = _inputs_with_edge_blocks((T, N), dtype).to(device)
-        src = _gather_plan(T, K, R, device, gen)
-        # routing weights as the backward's d_rows = gather(dy, w) has them, with a zero, a negative, a
-        # NaN and large ones (products that round, overflow or saturate)
-        w = torch.rand(T, K, generator=gen) * 4 - 1
-        w.view(-1)[::5] = 0
-        w.view(-1)[3::11] = float("nan")
-        w.view(-1)[1::13] = 3e38
-        for wt in (None, w.to(device)):
+        src, w = make_gather_case(T, K, R, device, gen)
+        for wt in (None, w):
             got = torch.ops.mok.quantize_fp8_rowcol_gather(x, src, wt, K, recipe)
             want = mok.fp8.quantize_rowcol(torch.ops.mok.gather_rows(x, src, wt, K), recipe)
             for name, u, v in zip(("q", "scales", "qt", "scales_t"), got, want):

@@ -5,6 +5,7 @@ import torch
 
 import mok
 from mok import reference
+from conftest import capture_step
 from shapes import MoECase, make_moe_inputs, rel_err
 
 pytestmark = pytest.mark.gpu
@@ -62,15 +63,7 @@ def test_training_step_captures_in_cuda_graph():
         grads = torch.autograd.grad(y, params, static_gy)
         return y, grads
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y_static, g_static = step()
+    graph, (y_static, g_static) = capture_step(step)
     for _ in range(3):
         static_x.copy_(torch.randn_like(static_x))
         graph.replay()
@@ -99,15 +92,7 @@ def test_fp8_training_step_in_a_cuda_graph_sees_the_updated_weights(options):
         y = layer(static_x)
         return y, torch.autograd.grad(y, params, static_gy)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y_static, g_static = step()
+    graph, (y_static, g_static) = capture_step(step)
     for _ in range(3):
         with torch.no_grad():
             for p in params:

@@ -14,7 +14,7 @@ from mok import reference as R
 from mok._ops import ops
 
 from conftest import DEVICES
-from shapes import MoECase, make_moe_inputs, rel_err, topk_w_err, topk_w_grad_of_rows
+from shapes import MoECase, make_gather_case, make_moe_inputs, rel_err, topk_w_err, topk_w_grad_of_rows
 
 BF16_MAX = float.fromhex("0x1.fep127")
 
@@ -217,31 +217,18 @@ def test_qdq_under_compile():
         assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 
-def _gather_case(T, K, R, device, gen):
-    # src_of_row as a plan makes it (t * K + k, -1 for padding), the last pair's row repeated; routing
-    # weights with a zero, a negative, a NaN and huge ones (products that round, overflow or saturate)
-    src = torch.randint(-1, T * K, (R,), generator=gen, dtype=torch.int32)
-    if T * K:
-        src[: min(R, 5)] = T * K - 1
-    w = torch.rand(T, K, generator=gen) * 4 - 1
-    w.view(-1)[::5] = 0
-    w.view(-1)[3::11] = float("nan")
-    w.view(-1)[1::13] = 3e38
-    return src.to(device), w.to(device)
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_qdq_gather_gives_the_qdq_of_the_gathered_rows(device):
     # ops.qdq_mxfp8_gather(x, src, w, K, offsets, rows, cols) = qdq_mxfp8(gather_rows(x, src, w, K), offsets,
     # rows, cols) bit for bit, with and without w and offsets, every choice of copies: padding rows,
-    # K = 1, T = 1, R = 0, ragged R and N (N % 8 != 0: element-wise loads), an empty expert, a
-    # segment ending at R (a partial last block).
+    # K = 1, T = 1, M = 0 rows, ragged M and N (N % 8 != 0: element-wise loads), an empty expert, a
+    # segment ending at M (a partial last block).
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
-    for T, K, R, N in [(1, 1, 1, 8), (7, 1, 130, 264), (40, 8, 300, 77), (300, 2, 1000, 1000), (513, 8, 4100, 2048),
+    for T, K, M, N in [(1, 1, 1, 8), (7, 1, 130, 264), (40, 8, 300, 77), (300, 2, 1000, 1000), (513, 8, 4100, 2048),
                        (20, 4, 0, 128)]:
         x = _edge_inputs(T, N).to(device)
-        src, w = _gather_case(T, K, R, device, gen)
-        off = torch.tensor([0, 32 * (R // 64), 32 * (R // 64), R], dtype=torch.int32, device=device)
+        src, w = make_gather_case(T, K, M, device, gen)
+        off = torch.tensor([0, 32 * (M // 64), 32 * (M // 64), M], dtype=torch.int32, device=device)
         for wt in (None, w):
             gathered = ops.gather_rows(x, src, wt, K)
             for offsets in (None, off):
@@ -251,7 +238,7 @@ def test_qdq_gather_gives_the_qdq_of_the_gathered_rows(device):
                     for u, v in zip(got, want):
                         assert u.shape == v.shape, (u.shape, v.shape)
                         assert torch.equal(u.view(torch.int16), v.view(torch.int16)), \
-                            f"T={T} K={K} R={R} N={N} weighted={wt is not None} offsets={offsets is not None} {rows} {cols}"
+                            f"T={T} K={K} M={M} N={N} weighted={wt is not None} offsets={offsets is not None} {rows} {cols}"
     if device == "cuda":
         mok.check_errors(synchronize=True)
 
