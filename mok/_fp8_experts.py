@@ -47,7 +47,7 @@ import torch
 from . import fp8
 from ._gate_up import _SwiGLUOf, gate_up_backward
 from ._ops import ops
-from .fp8_gemm import BLOCK, colwise_operand, quantize_colwise_blockwise, quantize_weight_blockwise
+from .fp8_gemm import BLOCK, quantize_colwise_blockwise, quantize_rowcol_for_wgrad, quantize_weight_blockwise
 
 RECIPES = ("bf16", "blockwise", "mxfp8")  # every recipe of the layers ("mxfp8": mok/_mxfp8_experts.py)
 ACT_RECIPE = "blockwise_1x128"
@@ -157,10 +157,11 @@ def cached_expert_weight_t(w, codes):
 
 
 def _rowcol_of_rows(x, src_of_row, top_k, x_rows):
-    """quantize_rowcol of the gathered token rows: of x_rows when given, else straight from x."""
+    """quantize_rowcol_for_wgrad of the gathered token rows: of x_rows when given, else straight from x."""
     if x_rows is None:
-        return fp8.RowCol(*ops.quantize_fp8_rowcol_gather(x, src_of_row, None, top_k, ACT_RECIPE))
-    return fp8.quantize_rowcol(x_rows, ACT_RECIPE)
+        q, s, qt, st = ops.quantize_fp8_rowcol_gather(x, src_of_row, None, top_k, ACT_RECIPE, True)
+        return (q, s), (qt, st)
+    return quantize_rowcol_for_wgrad(x_rows)
 
 
 def _fp8_mm(a, w_q, w_s, offsets):
@@ -173,8 +174,7 @@ def _quantize_grad(g, row, col):
     """((q, scales) row-wise or None, (qt, scales MN-major) column-wise or None) of an incoming gradient
     g [R, N]: one quantize_rowcol when both are needed, else only the copy that is."""
     if row and col:
-        rc = fp8.quantize_rowcol(g, ACT_RECIPE)
-        return (rc.q, rc.scales), colwise_operand(rc)
+        return quantize_rowcol_for_wgrad(g)
     if row:
         return fp8.quantize(g, ACT_RECIPE), None
     if col:
@@ -193,9 +193,9 @@ class _Fp8GateUp(torch.autograd.Function):
     def forward(ctx, x, gate_up, src_of_row, row_of, top_k, offsets, x_rows, w_q, w_s, wt_q, wt_s, fp8_wgrad):
         xt_q = xt_s = None
         if fp8_wgrad:
-            xq = _rowcol_of_rows(x, src_of_row, top_k, x_rows)
-            act, h = _gate_up_fp8(xq.q, xq.scales, w_q, w_s, offsets)
-            (xt_q, xt_s), x_rows = colwise_operand(xq), None
+            (x_q, x_s), (xt_q, xt_s) = _rowcol_of_rows(x, src_of_row, top_k, x_rows)
+            act, h = _gate_up_fp8(x_q, x_s, w_q, w_s, offsets)
+            x_rows = None
         else:
             act, h = _gate_up_fp8(*ops.quantize_fp8(x_rows, ACT_RECIPE), w_q, w_s, offsets)
         ctx.save_for_backward(x, gate_up, src_of_row, row_of, offsets, x_rows, wt_q, wt_s, xt_q, xt_s)
@@ -248,8 +248,8 @@ def _down_backward(d_rows, act, down, offsets, wt_q, wt_s, at_q, at_s, need_a, n
 def _down_fp8_keeping_act_codes(act, w_q, w_s, offsets):
     """(rows = act @ down[e]^T in FP8, act's column-wise codes for the FP8 weight gradient): one
     quantize_rowcol of act feeds both."""
-    aq = fp8.quantize_rowcol(act, ACT_RECIPE)
-    return ops.grouped_mm_fp8(aq.q, aq.scales, w_q, w_s, offsets), colwise_operand(aq)
+    (a_q, a_s), at = quantize_rowcol_for_wgrad(act)
+    return ops.grouped_mm_fp8(a_q, a_s, w_q, w_s, offsets), at
 
 
 class _Fp8Down(torch.autograd.Function):
@@ -303,8 +303,8 @@ class _Fp8DownCombine(torch.autograd.Function):
         d_w = ops.combine_weight_grad(dy, rows, row_of) if need_w else None
         d_rows = codes = None
         if need_a and need_down:
-            rc = fp8.RowCol(*ops.quantize_fp8_rowcol_gather(dy, src_of_row, w, top_k, ACT_RECIPE))
-            codes = (rc.q, rc.scales), colwise_operand(rc)
+            q, s, qt, st = ops.quantize_fp8_rowcol_gather(dy, src_of_row, w, top_k, ACT_RECIPE, True)
+            codes = (q, s), (qt, st)
         elif need_a or need_down:
             d_rows = ops.gather_rows(dy, src_of_row, w, top_k)
         d_act, d_down = _down_backward(d_rows, None, down, offsets, wt_q, wt_s, at_q, at_s, need_a, need_down, codes)
@@ -326,15 +326,13 @@ class _Fp8Mlp(torch.autograd.Function):
         # x_rows is never written)
         x_rows = None if wgrad1 and GATHER_QUANT else ops.gather_rows(x, src_of_row, None, top_k, row_of)
         xt = None
-        xq = None
         if wgrad1:
-            xq = _rowcol_of_rows(x, src_of_row, top_k, x_rows)
-            x_q, x_s = xq.q, xq.scales
-            xt, x_rows = colwise_operand(xq), None
+            (x_q, x_s), xt = _rowcol_of_rows(x, src_of_row, top_k, x_rows)
+            x_rows = None
         else:
             x_q, x_s = ops.quantize_fp8(x_rows, ACT_RECIPE)
         h = ops.grouped_mm_fp8(x_q, x_s, w1_q, w1_s, offsets)
-        del x_q, x_s, xq  # x_rows' row-wise codes: GEMM1's alone
+        del x_q, x_s  # x_rows' row-wise codes: GEMM1's alone
         # act's codes straight from h; its bf16 values only for the BF16 weight gradient of down
         act, a_q, a_s, at_q, at_s = ops.swiglu_quantize_fp8(h, None, True, wgrad2, keep_act and not wgrad2)
         rows = ops.grouped_mm_fp8(a_q, a_s, w2_q, w2_s, offsets)

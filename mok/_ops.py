@@ -134,21 +134,24 @@ def _dequantize_fp8_fake(q, scales, recipe):
 
 
 @torch.library.register_fake("mok::quantize_fp8_rowcol")
-def _quantize_fp8_rowcol_fake(x, recipe):
+def _quantize_fp8_rowcol_fake(x, recipe, scales_t_mn_major=False):
     if recipe not in ("blockwise_1x128", "mxfp8"):
         raise ValueError(f"mok.quantize_fp8_rowcol: recipe must be 'blockwise_1x128' or 'mxfp8', got {recipe!r}")
     M, N = x.shape
     q, scales = _quantize_fp8_fake(x, recipe)
     scale_dtype = torch.uint8 if recipe == "mxfp8" else torch.float32
     qt = x.new_empty((N, M), dtype=torch.float8_e4m3fn)
-    return q, scales, qt, x.new_empty(fp8_scale_shape(recipe, N, M), dtype=scale_dtype)
+    st_shape = fp8_scale_shape(recipe, N, M)
+    if scales_t_mn_major:
+        st_shape = st_shape[::-1]
+    return q, scales, qt, x.new_empty(st_shape, dtype=scale_dtype)
 
 
 @torch.library.register_fake("mok::quantize_fp8_rowcol_gather")
-def _quantize_fp8_rowcol_gather_fake(x, src_of_row, w, top_k, recipe):
+def _quantize_fp8_rowcol_gather_fake(x, src_of_row, w, top_k, recipe, scales_t_mn_major=False):
     if recipe not in ("blockwise_1x128", "mxfp8"):
         raise ValueError(f"mok.quantize_fp8_rowcol_gather: recipe must be 'blockwise_1x128' or 'mxfp8', got {recipe!r}")
-    return _quantize_fp8_rowcol_fake(x.new_empty((src_of_row.shape[0], x.shape[1])), recipe)
+    return _quantize_fp8_rowcol_fake(x.new_empty((src_of_row.shape[0], x.shape[1])), recipe, scales_t_mn_major)
 
 
 @torch.library.register_fake("mok::swiglu_quantize_fp8")

@@ -112,6 +112,15 @@ def colwise_operand(rc):
     return rc.qt, rc.scales_t.t().contiguous()
 
 
+def quantize_rowcol_for_wgrad(x):
+    """x [R, M] -> ((q [R, M], scales [R, ceil(M/128)]), (qt [M, R], scales [ceil(R/128), M])): the row-wise
+    copy of mok.fp8.quantize_rowcol(x, "blockwise_1x128") and its column-wise copy as an operand of
+    grouped_mm_wgrad_blockwise, bit for bit colwise_operand(quantize_rowcol(x, ...)); on the GPU the
+    kernel writes the column-wise scales MN-major itself (no transpose pass)."""
+    q, scales, qt, scales_t = ops.quantize_fp8_rowcol(x.contiguous(), "blockwise_1x128", True)
+    return (q, scales), (qt, scales_t)
+
+
 def quantize_colwise_blockwise(x):
     """x [R, M] -> (qt [M, R] float8_e4m3fn, scales [ceil(R/128), M] float32): x quantised in 1 x 128
     blocks along R (its column-wise copy, bit for bit mok.fp8.quantize(x.t().contiguous(),
@@ -119,7 +128,7 @@ def quantize_colwise_blockwise(x):
 
     Through quantize_rowcol: on the GPU its fused kernel reads a bf16 x once and writes both copies
     (4 bytes per element moved), less than transposing x first and quantising the copy (7)."""
-    return colwise_operand(fp8.quantize_rowcol(x, "blockwise_1x128"))
+    return quantize_rowcol_for_wgrad(x)[1]
 
 
 def quantize_weight_blockwise(w):

@@ -267,6 +267,30 @@ def test_rowcol_gather_gives_the_rowcol_of_the_gathered_rows(device, recipe):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", ROWCOL_RECIPES)
+def test_rowcol_scales_t_mn_major_is_the_transpose(device, recipe, monkeypatch):
+    # scales_t_mn_major=True (the FP8 weight gradient's operand layout, written by the kernel itself):
+    # q, scales and qt unchanged, scales_t the transpose of the default one, bit for bit; plain and
+    # gathered rows; ragged and misaligned shapes; with the strip kernel forced (MOK_QUANT_ROWCOL_STRIP,
+    # MXFP8's default on large tensors) MN-major still takes the per-tile kernel.
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
+    for M, N in [(1, 8), (130, 264), (300, 77), (136, 96), (4000, 1024)]:
+        x = _inputs_with_edge_blocks((M, N), torch.bfloat16).to(device)
+        for strip in ("", "4"):
+            monkeypatch.setenv("MOK_QUANT_ROWCOL_STRIP", strip)
+            want = torch.ops.mok.quantize_fp8_rowcol(x, recipe)
+            got = torch.ops.mok.quantize_fp8_rowcol(x, recipe, True)
+            src, w = make_gather_case(M, 2, M + 50, device, gen)
+            want_g = torch.ops.mok.quantize_fp8_rowcol_gather(x, src, w, 2, recipe)
+            got_g = torch.ops.mok.quantize_fp8_rowcol_gather(x, src, w, 2, recipe, True)
+            for g, v, what in ((got, want, "plain"), (got_g, want_g, "gathered")):
+                for name, a, b in zip(("q", "scales", "qt"), g[:3], v[:3]):
+                    assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"{M}x{N} {what} {name}"
+                assert torch.equal(g[3].view(torch.uint8), v[3].t().contiguous().view(torch.uint8)), \
+                    f"{M}x{N} {what} scales_t"
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_rowcol_gather_bad_input_names_the_argument(device):
     x = torch.randn(4, 128, dtype=torch.bfloat16, device=device)
     src = torch.zeros(8, dtype=torch.int32, device=device)

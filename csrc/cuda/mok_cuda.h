@@ -203,7 +203,8 @@ struct mok_quantize_fp8_rowcol_args {
     uint8_t* q;     /* [M, N] */
     void* scales;   /* [M, ceil(N / B)] */
     uint8_t* qt;    /* [N, M] */
-    void* scales_t; /* [N, ceil(M / B)] */
+    void* scales_t; /* [N, ceil(M / B)], or [ceil(M / B), N] with scales_t_mn_major */
+    int scales_t_mn_major; /* scales_t transposed (MN-major: the FP8 weight gradient's operand layout) */
     const int32_t* src_of_row; /* [M] or NULL */
     const float* w;            /* [T * K] or NULL (with src_of_row only) */
     int64_t T, K;              /* with src_of_row: rows of x and the plan's top_k (K >= 1) */

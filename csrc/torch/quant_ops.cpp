@@ -4,7 +4,9 @@
 // "mxfp8" (E4M3, 1x32 blocks, E8M0 scales, RCEIL). Each quantises along the last dimension (the
 // GEMM's K); a column-wise copy is the quantisation of the transposed tensor.
 // quantize_fp8_rowcol returns both copies: backward needs the column-wise one quantised from the
-// bf16 values (DESIGN.md), and on the GPU one kernel makes both from a single read of x.
+// bf16 values (DESIGN.md), and on the GPU one kernel makes both from a single read of x. With
+// scales_t_mn_major the column-wise copy's scales come transposed, [ceil(M / B), N], the layout the FP8
+// weight-gradient GEMM reads (the kernel writes them so: no transpose pass).
 //
 // qdq_mxfp8 is the MXFP8 quantise-dequantise of bf16 tensors (recipe="mxfp8" of the layers on
 // Hopper: mok/_mxfp8_experts.py): bf16 copies holding the values of the MXFP8 encoding, row-wise
@@ -95,17 +97,32 @@ std::tuple<at::Tensor, at::Tensor> quantize_fp8(const at::Tensor& x, c10::string
 
 using RowColTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
+// Shape of a rowcol result's scales_t for x [M, N]: those of quantize(x^T), [N, ceil(M / B)], or with
+// mn_major their transpose [ceil(M / B), N] (the layout mok::grouped_mm_fp8_wgrad reads).
+std::vector<int64_t> scales_t_shape(Recipe r, int64_t M, int64_t N, bool mn_major) {
+    auto shape = scale_shape(r, N, M);
+    if (mn_major) std::swap(shape[0], shape[1]);
+    return shape;
+}
+
+// The CPU composition's scales_t in the asked layout.
+RowColTensors with_scales_t_layout(RowColTensors t, bool mn_major) {
+    if (mn_major) std::get<3>(t) = std::get<3>(t).t().contiguous();
+    return t;
+}
+
 #ifdef MOK_WITH_CUDA
 // The CUDA rowcol kernel on a bf16 x: the copies of x itself (src_of_row null), or of its rows gathered
 // by the plan (gather_rows(x, *src_of_row, w, top_k), never written).
-RowColTensors rowcol_cuda(const at::Tensor& x, Recipe r, const char* op, const at::Tensor* src_of_row = nullptr,
-                          const c10::optional<at::Tensor>& w = c10::nullopt, int64_t top_k = 1) {
+RowColTensors rowcol_cuda(const at::Tensor& x, Recipe r, const char* op, bool mn_major,
+                          const at::Tensor* src_of_row = nullptr, const c10::optional<at::Tensor>& w = c10::nullopt,
+                          int64_t top_k = 1) {
     const int64_t M = src_of_row ? src_of_row->size(0) : x.size(0), N = x.size(1);
     const auto sdt = x.options().dtype(r == Recipe::kMx ? at::kByte : at::kFloat);
     auto q = at::empty({M, N}, x.options().dtype(at::kFloat8_e4m3fn));
     auto qt = at::empty({N, M}, x.options().dtype(at::kFloat8_e4m3fn));
     auto scales = at::empty(scale_shape(r, M, N), sdt);
-    auto scales_t = at::empty(scale_shape(r, N, M), sdt);
+    auto scales_t = at::empty(scales_t_shape(r, M, N, mn_major), sdt);
     if (M == 0 || N == 0) return {q, scales, qt, scales_t};
     c10::cuda::CUDAGuard guard(x.device());
     mok_quantize_fp8_rowcol_args a{};
@@ -118,6 +135,7 @@ RowColTensors rowcol_cuda(const at::Tensor& x, Recipe r, const char* op, const a
     a.scales = scales.data_ptr();
     a.qt = static_cast<uint8_t*>(qt.data_ptr());
     a.scales_t = scales_t.data_ptr();
+    a.scales_t_mn_major = mn_major;
     if (src_of_row) {
         a.src_of_row = src_of_row->data_ptr<int32_t>();
         a.w = w.has_value() ? w->data_ptr<float>() : nullptr;
@@ -131,7 +149,7 @@ RowColTensors rowcol_cuda(const at::Tensor& x, Recipe r, const char* op, const a
 
 // (q, scales) = quantize_fp8(x), (qt, scales_t) = quantize_fp8(x^T contiguous). CUDA bf16: the fused
 // kernel; other dtypes and the CPU: the two quantisations (the C core is the definition).
-RowColTensors quantize_fp8_rowcol(const at::Tensor& x, c10::string_view recipe_name) {
+RowColTensors quantize_fp8_rowcol(const at::Tensor& x, c10::string_view recipe_name, bool scales_t_mn_major) {
     const char* op = "mok.quantize_fp8_rowcol";
     const std::string name(recipe_name);
     const Recipe r = parse_recipe(name, op);
@@ -141,11 +159,11 @@ RowColTensors quantize_fp8_rowcol(const at::Tensor& x, c10::string_view recipe_n
     check_contiguous(x, op, "x");
     const mok_dtype dt = to_mok_dtype(x, op, "x");
 #ifdef MOK_WITH_CUDA
-    if (x.is_cuda() && dt == MOK_BF16) return rowcol_cuda(x, r, op);
+    if (x.is_cuda() && dt == MOK_BF16) return rowcol_cuda(x, r, op, scales_t_mn_major);
 #endif
     auto [q, scales] = quantize_fp8(x, recipe_name);
     auto [qt, scales_t] = quantize_fp8(x.t().contiguous(), recipe_name);
-    return {q, scales, qt, scales_t};
+    return with_scales_t_layout({q, scales, qt, scales_t}, scales_t_mn_major);
 }
 
 // quantize_fp8_rowcol(gather_rows(x, src_of_row, w, top_k)): the FP8 copies of the layer's gathered
@@ -155,7 +173,7 @@ RowColTensors quantize_fp8_rowcol(const at::Tensor& x, c10::string_view recipe_n
 // definition).
 RowColTensors quantize_fp8_rowcol_gather(const at::Tensor& x, const at::Tensor& src_of_row,
                                          const c10::optional<at::Tensor>& w, int64_t top_k,
-                                         c10::string_view recipe_name) {
+                                         c10::string_view recipe_name, bool scales_t_mn_major) {
     const char* op = "mok.quantize_fp8_rowcol_gather";
     const std::string name(recipe_name);
     const Recipe r = parse_recipe(name, op);
@@ -168,13 +186,13 @@ RowColTensors quantize_fp8_rowcol_gather(const at::Tensor& x, const at::Tensor& 
     TORCH_CHECK_VALUE(top_k >= 1, op, ": top_k must be >= 1, got ", top_k);
     check_weights(w, x, x.size(0), top_k, op);
 #ifdef MOK_WITH_CUDA
-    if (x.is_cuda() && dt == MOK_BF16) return rowcol_cuda(x, r, op, &src_of_row, w, top_k);
+    if (x.is_cuda() && dt == MOK_BF16) return rowcol_cuda(x, r, op, scales_t_mn_major, &src_of_row, w, top_k);
 #endif
     static auto gather = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("mok::gather_rows", "")
                              .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
                                                int64_t, const c10::optional<at::Tensor>&)>();
-    return quantize_fp8_rowcol(gather.call(x, src_of_row, w, top_k, c10::nullopt), recipe_name);
+    return quantize_fp8_rowcol(gather.call(x, src_of_row, w, top_k, c10::nullopt), recipe_name, scales_t_mn_major);
 }
 
 at::Tensor dequantize_fp8(const at::Tensor& q, const at::Tensor& scales, c10::string_view recipe_name) {
@@ -350,9 +368,10 @@ std::tuple<at::Tensor, at::Tensor> qdq_mxfp8_gather(const at::Tensor& x, const a
 TORCH_LIBRARY_FRAGMENT(mok, m) {
     m.def("quantize_fp8(Tensor x, str recipe) -> (Tensor q, Tensor scales)");
     m.def("dequantize_fp8(Tensor q, Tensor scales, str recipe) -> Tensor");
-    m.def("quantize_fp8_rowcol(Tensor x, str recipe) -> (Tensor q, Tensor scales, Tensor qt, Tensor scales_t)");
-    m.def("quantize_fp8_rowcol_gather(Tensor x, Tensor src_of_row, Tensor? w, int top_k, str recipe) -> "
+    m.def("quantize_fp8_rowcol(Tensor x, str recipe, bool scales_t_mn_major=False) -> "
           "(Tensor q, Tensor scales, Tensor qt, Tensor scales_t)");
+    m.def("quantize_fp8_rowcol_gather(Tensor x, Tensor src_of_row, Tensor? w, int top_k, str recipe, "
+          "bool scales_t_mn_major=False) -> (Tensor q, Tensor scales, Tensor qt, Tensor scales_t)");
     m.def("qdq_mxfp8(Tensor x, Tensor? offsets, bool rows, bool cols) -> (Tensor row_qdq, Tensor col_qdq)");
     m.def("qdq_mxfp8_gather(Tensor x, Tensor src_of_row, Tensor? w, int top_k, Tensor? offsets, bool rows, bool cols) "
           "-> (Tensor row_qdq, Tensor col_qdq)");

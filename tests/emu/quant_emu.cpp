@@ -142,9 +142,18 @@ bool launched(const char* label, unsigned grid, const std::function<void()>& ker
     return true;
 }
 
+/* [rows, cols] entries of `size` bytes, transposed. */
+std::vector<uint8_t> transpose_bytes(const std::vector<uint8_t>& v, int64_t rows, int64_t cols, size_t size) {
+    std::vector<uint8_t> t(v.size());
+    for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) memcpy(&t[(size_t)(j * rows + i) * size], &v[(size_t)(i * cols + j) * size], size);
+    return t;
+}
+
 /* Runs one kernel on x (placed `offset` elements into its buffer) and checks it against the core.
- * strip (rowcol): the experimental strip kernel with strips of 4 or 8 tiles (v43) instead. */
-void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset, int strip = 0) {
+ * strip (rowcol): the experimental strip kernel with strips of 4 or 8 tiles (v43) instead; mn (rowcol,
+ * per tile): scales_t written MN-major, [ceil(M / B), N], checked after transposing it back. */
+void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset, int strip = 0, bool mn = false) {
     using namespace mok_qtile;
     const std::vector<uint16_t> x = make_input(rng, M, N);
     std::vector<uint16_t> buf(x.size() + 8);
@@ -153,12 +162,12 @@ void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset,
     /* poisoned outputs: whatever the kernel does not write stays 0xA5 */
     std::vector<uint8_t> q((size_t)(M * N), 0xA5), s((size_t)scale_count(r, M, N) * scale_size(r), 0xA5);
     std::vector<uint8_t> qt(rowcol ? (size_t)(M * N) : 0, 0xA5), st(rowcol ? (size_t)scale_count(r, N, M) * scale_size(r) : 0, 0xA5);
-    const tile_args a = tile_args_of(xp, M, N, q.data(), s.data(), rowcol ? qt.data() : nullptr,
-                                     rowcol ? st.data() : nullptr);
+    tile_args a = tile_args_of(xp, M, N, q.data(), s.data(), rowcol ? qt.data() : nullptr, rowcol ? st.data() : nullptr);
+    a.scales_t_mn = mn;
     const unsigned grid = (unsigned)(strip ? strip_count(M, N, strip) : tile_count(M, N));
     char label[180];
-    snprintf(label, sizeof label, "%s %s M=%lld N=%lld offset=%d vec=%d vec_t=%d strip=%d", rowcol ? "rowcol" : "rows",
-             name_of(r), (long long)M, (long long)N, offset, a.vec, a.vec_t, strip);
+    snprintf(label, sizeof label, "%s %s M=%lld N=%lld offset=%d vec=%d vec_t=%d strip=%d mn=%d",
+             rowcol ? "rowcol" : "rows", name_of(r), (long long)M, (long long)N, offset, a.vec, a.vec_t, strip, mn);
     const bool ok = launched(label, grid, [&] {
         if (strip == 4 && r == kMx) quantize_rowcol_strip_bf16_kernel<32, true, 4>(a);
         else if (strip == 4) quantize_rowcol_strip_bf16_kernel<128, false, 4>(a);
@@ -172,6 +181,7 @@ void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset,
     });
     if (!ok) return;
     expect_core_quantization(r, x, M, N, q, s, label, "");
+    if (mn) st = transpose_bytes(st, cdiv(M, r == kMx ? 32 : 128), N, scale_size(r));
     if (rowcol) expect_core_quantization(r, transpose(x, M, N), N, M, qt, st, label, " transposed");
 }
 
@@ -294,6 +304,10 @@ int main(int argc, char** argv) {
         for (Recipe r : {k1x128, kMx})
             for (int strip : {4, 8}) run_case(rng, r, true, sh.first, sh.second, 0, strip);
     run_case(rng, k1x128, true, 600, 96, 1, 8);
+    /* column-wise scales MN-major (the FP8 weight gradient's operand layout): ragged edges, misaligned x */
+    for (const auto& sh : std::vector<std::pair<int64_t, int64_t>>{{1, 8}, {130, 264}, {300, 77}, {256, 136}})
+        for (Recipe r : {k1x128, kMx}) run_case(rng, r, true, sh.first, sh.second, 0, 0, true);
+    run_case(rng, k1x128, true, 136, 96, 1, 0, true);
     /* gathered rows (the layer's x_rows, v45): K = 1 and 8, ragged M and N, one row, a misaligned x */
     for (Recipe r : {k1x128, kMx}) {
         run_gather_case(rng, r, 1, 1, 1, 8, 0);

@@ -58,6 +58,8 @@ struct tile_args {
     int nbn;                /* tiles along N */
     int vec;                /* rows of x load as 16 B and rows of q store as 8 B (N % 8 == 0, aligned) */
     int vec_t;              /* rows of qt store as 16 B (M % 16 == 0, aligned) */
+    int scales_t_mn;        /* scales_t MN-major, [ceil(M / B), N] (the FP8 weight gradient's operand
+                             * layout), instead of [N, ceil(M / B)] (quantize(x^T)'s); per-tile kernels only */
     /* gathered rows (kernels built with kGather only; quant/gathered_block.cuh): row m of the tile grid is
      * row gather.src[m] / top_k of x, times gather.w[src[m]] when set, a zero row for padding */
     mok_gathered::rows_of_plan gather;
@@ -76,6 +78,7 @@ static inline tile_args tile_args_of(const __nv_bfloat16* x, int64_t M, int64_t 
     a.nbn = (int)((N + kTile - 1) / kTile);
     a.vec = N % 8 == 0 && ((uintptr_t)x & 15u) == 0 && ((uintptr_t)q & 7u) == 0;
     a.vec_t = qt != 0 && M % 16 == 0 && ((uintptr_t)qt & 15u) == 0;
+    a.scales_t_mn = 0;
     a.gather.src = nullptr;
     a.gather.w = nullptr;
     a.gather.src_limit = 0;
@@ -423,7 +426,8 @@ __device__ __forceinline__ void quantize_tile_block(const tile_args& a, const ti
         s.scale[kb][c][pp] = cs;
         const int64_t col = t.n0 + 8 * pp + c;
         if (col < a.N && t.m0 + kb * B < a.M) {
-            const int64_t at = col * nbs_t + (kMx ? (int64_t)t.tm * kColBlocks + kb : t.tm);
+            const int64_t block = kMx ? (int64_t)t.tm * kColBlocks + kb : t.tm; /* the column block along M */
+            const int64_t at = a.scales_t_mn ? block * a.N + col : col * nbs_t + block;
             if (kStageColScales) col_scale_stage[kb * kTile + 8 * pp + c] = kMx ? __uint_as_float(b.e8) : b.s;
             else if (kMx) static_cast<uint8_t*>(a.scales_t)[at] = (uint8_t)b.e8;
             else static_cast<float*>(a.scales_t)[at] = b.s;
