@@ -156,11 +156,17 @@ def cached_expert_weight_t(w, codes):
     return _cached(w, _CACHE_ATTR_T, lambda t: transpose_expert_codes(*codes))
 
 
+def _rowcol_of_gathered(x, src_of_row, w, top_k):
+    """quantize_rowcol_for_wgrad(gather_rows(x, src_of_row, w, top_k)) from one read of the gathered rows of
+    x (the bf16 gathered tensor is never written)."""
+    q, s, qt, st = ops.quantize_fp8_rowcol_gather(x, src_of_row, w, top_k, ACT_RECIPE, True)
+    return (q, s), (qt, st)
+
+
 def _rowcol_of_rows(x, src_of_row, top_k, x_rows):
     """quantize_rowcol_for_wgrad of the gathered token rows: of x_rows when given, else straight from x."""
     if x_rows is None:
-        q, s, qt, st = ops.quantize_fp8_rowcol_gather(x, src_of_row, None, top_k, ACT_RECIPE, True)
-        return (q, s), (qt, st)
+        return _rowcol_of_gathered(x, src_of_row, None, top_k)
     return quantize_rowcol_for_wgrad(x_rows)
 
 
@@ -303,8 +309,7 @@ class _Fp8DownCombine(torch.autograd.Function):
         d_w = ops.combine_weight_grad(dy, rows, row_of) if need_w else None
         d_rows = codes = None
         if need_a and need_down:
-            q, s, qt, st = ops.quantize_fp8_rowcol_gather(dy, src_of_row, w, top_k, ACT_RECIPE, True)
-            codes = (q, s), (qt, st)
+            codes = _rowcol_of_gathered(dy, src_of_row, w, top_k)
         elif need_a or need_down:
             d_rows = ops.gather_rows(dy, src_of_row, w, top_k)
         d_act, d_down = _down_backward(d_rows, None, down, offsets, wt_q, wt_s, at_q, at_s, need_a, need_down, codes)
