@@ -71,6 +71,8 @@ def quantized_operands(cfg: Config, P):
     if cfg.gpass == "wgrad":
         Q["d_col"] = mok.fp8_gemm.quantize_colwise_blockwise(P["d_plan"])
         Q["a_col"] = mok.fp8_gemm.quantize_colwise_blockwise(P["a_plan"])
+        # the activation's copy in 128 x 128 tiles (v50: the cheaper promotion)
+        Q["a_tiled"] = mok.fp8_gemm.quantize_rowcol_for_wgrad(P["a_plan"], "blockwise_128x128")[1]
         return Q
     lhs_plan, lhs_sorted = (P["a_plan"], P["a_sorted"]) if cfg.gpass == "fwd" else (P["d_plan"], P["d_sorted"])
     Q["lhs"] = mok.fp8.quantize(lhs_plan, "blockwise_1x128")
@@ -94,7 +96,9 @@ def narrow_tiles(fn):
 
 def pass_impls(cfg: Config, P, Q):
     """name -> callable; 'mok_bf16' first (the reference of 'err' and 'vs mok bf16'). 'mok_fp8' runs the
-    default tiles (128 x 192; SwiGLU 128 x 128), 'mok_fp8_bn128' the 128 x 128 tiles of the same kernel."""
+    default tiles (128 x 192; SwiGLU 128 x 128), 'mok_fp8_bn128' the 128 x 128 tiles of the same kernel;
+    wgrad's 'mok_fp8_act128' the activation operand quantised in 128 x 128 tiles (one FFMA per accumulator
+    in the promotion instead of an FMUL and an FFMA, v50)."""
     ops, plan = torch.ops.mok, P["plan"]
     bf16 = torch.bfloat16
     if cfg.gpass == "wgrad":
@@ -103,6 +107,7 @@ def pass_impls(cfg: Config, P, Q):
             "mok_bf16": lambda: ops.grouped_mm_wgrad(P["d_plan"], P["a_plan"], None, 1, plan.offsets),
             "mok_fp8": fp8_wgrad,
             "mok_fp8_bn128": narrow_tiles(fp8_wgrad),
+            "mok_fp8_act128": lambda: mok.fp8_gemm.grouped_mm_wgrad_blockwise(*Q["d_col"], *Q["a_tiled"], plan.offsets),
             "cublas_bf16": lambda: torch.mm(P["d_sorted"].t(), P["a_sorted"]),
         }
     trans_b = cfg.gpass == "fwd"

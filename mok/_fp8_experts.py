@@ -93,6 +93,13 @@ FUSED_SWIGLU_QUANT_BACKWARD = True
 # quantize_rowcol. The same bits either way. Performance log v45, v46.
 GATHER_QUANT = True
 
+# With fp8_wgrad, the recipe of the activations' column-wise copies (x_rows' and act's, the weight
+# gradients' b operands; the incoming gradients' stay 1 x 128): "blockwise_1x128" (default, DeepSeek-V3's
+# 1 x 128 along the rows for both operands) or "blockwise_128x128" (128 x 128 tiles of the activation:
+# the FP8 weight gradient's promotion is then one FFMA per accumulator instead of an FMUL and an FFMA,
+# and the same single rowcol pass makes the copy). Performance log v50.
+WGRAD_ACT_COL_RECIPE = "blockwise_1x128"
+
 
 def _gate_up_fp8(a_q, a_s, w_q, w_s, offsets):
     """(act, h) of the forward's GEMM1 on FP8 operands (see FUSED_GATE_UP)."""
@@ -156,18 +163,19 @@ def cached_expert_weight_t(w, codes):
     return _cached(w, _CACHE_ATTR_T, lambda t: transpose_expert_codes(*codes))
 
 
-def _rowcol_of_gathered(x, src_of_row, w, top_k):
-    """quantize_rowcol_for_wgrad(gather_rows(x, src_of_row, w, top_k)) from one read of the gathered rows of
-    x (the bf16 gathered tensor is never written)."""
-    q, s, qt, st = ops.quantize_fp8_rowcol_gather(x, src_of_row, w, top_k, ACT_RECIPE, True)
+def _rowcol_of_gathered(x, src_of_row, w, top_k, col_recipe=ACT_RECIPE):
+    """quantize_rowcol_for_wgrad(gather_rows(x, src_of_row, w, top_k), col_recipe) from one read of the
+    gathered rows of x (the bf16 gathered tensor is never written)."""
+    q, s, qt, st = ops.quantize_fp8_rowcol_gather(x, src_of_row, w, top_k, ACT_RECIPE, True, col_recipe)
     return (q, s), (qt, st)
 
 
 def _rowcol_of_rows(x, src_of_row, top_k, x_rows):
-    """quantize_rowcol_for_wgrad of the gathered token rows: of x_rows when given, else straight from x."""
+    """quantize_rowcol_for_wgrad of the gathered token rows (their column-wise copy in WGRAD_ACT_COL_RECIPE):
+    of x_rows when given, else straight from x."""
     if x_rows is None:
-        return _rowcol_of_gathered(x, src_of_row, None, top_k)
-    return quantize_rowcol_for_wgrad(x_rows)
+        return _rowcol_of_gathered(x, src_of_row, None, top_k, WGRAD_ACT_COL_RECIPE)
+    return quantize_rowcol_for_wgrad(x_rows, WGRAD_ACT_COL_RECIPE)
 
 
 def _fp8_mm(a, w_q, w_s, offsets):
@@ -254,7 +262,7 @@ def _down_backward(d_rows, act, down, offsets, wt_q, wt_s, at_q, at_s, need_a, n
 def _down_fp8_keeping_act_codes(act, w_q, w_s, offsets):
     """(rows = act @ down[e]^T in FP8, act's column-wise codes for the FP8 weight gradient): one
     quantize_rowcol of act feeds both."""
-    (a_q, a_s), at = quantize_rowcol_for_wgrad(act)
+    (a_q, a_s), at = quantize_rowcol_for_wgrad(act, WGRAD_ACT_COL_RECIPE)
     return ops.grouped_mm_fp8(a_q, a_s, w_q, w_s, offsets), at
 
 

@@ -133,25 +133,39 @@ def _dequantize_fp8_fake(q, scales, recipe):
     return q.new_empty(q.shape, dtype=torch.float32)
 
 
+def _col_recipe_of(recipe, col_recipe, op):
+    """The column-wise copy's recipe: recipe itself, or with 'blockwise_1x128' also 'blockwise_128x128'."""
+    if col_recipe is None or col_recipe == recipe:
+        return recipe
+    if recipe == "blockwise_1x128" and col_recipe == "blockwise_128x128":
+        return col_recipe
+    raise ValueError(
+        f"{op}: col_recipe must be the recipe or, with recipe='blockwise_1x128', 'blockwise_128x128', got {col_recipe!r}"
+    )
+
+
 @torch.library.register_fake("mok::quantize_fp8_rowcol")
-def _quantize_fp8_rowcol_fake(x, recipe, scales_t_mn_major=False):
+def _quantize_fp8_rowcol_fake(x, recipe, scales_t_mn_major=False, col_recipe=None):
     if recipe not in ("blockwise_1x128", "mxfp8"):
         raise ValueError(f"mok.quantize_fp8_rowcol: recipe must be 'blockwise_1x128' or 'mxfp8', got {recipe!r}")
+    col = _col_recipe_of(recipe, col_recipe, "mok.quantize_fp8_rowcol")
     M, N = x.shape
     q, scales = _quantize_fp8_fake(x, recipe)
     scale_dtype = torch.uint8 if recipe == "mxfp8" else torch.float32
     qt = x.new_empty((N, M), dtype=torch.float8_e4m3fn)
-    st_shape = fp8_scale_shape(recipe, N, M)
+    st_shape = fp8_scale_shape(col, N, M)
     if scales_t_mn_major:
         st_shape = st_shape[::-1]
     return q, scales, qt, x.new_empty(st_shape, dtype=scale_dtype)
 
 
 @torch.library.register_fake("mok::quantize_fp8_rowcol_gather")
-def _quantize_fp8_rowcol_gather_fake(x, src_of_row, w, top_k, recipe, scales_t_mn_major=False):
+def _quantize_fp8_rowcol_gather_fake(x, src_of_row, w, top_k, recipe, scales_t_mn_major=False, col_recipe=None):
     if recipe not in ("blockwise_1x128", "mxfp8"):
         raise ValueError(f"mok.quantize_fp8_rowcol_gather: recipe must be 'blockwise_1x128' or 'mxfp8', got {recipe!r}")
-    return _quantize_fp8_rowcol_fake(x.new_empty((src_of_row.shape[0], x.shape[1])), recipe, scales_t_mn_major)
+    _col_recipe_of(recipe, col_recipe, "mok.quantize_fp8_rowcol_gather")
+    return _quantize_fp8_rowcol_fake(x.new_empty((src_of_row.shape[0], x.shape[1])), recipe, scales_t_mn_major,
+                                     col_recipe)
 
 
 @torch.library.register_fake("mok::swiglu_quantize_fp8")

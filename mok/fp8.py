@@ -54,7 +54,7 @@ def dequantize(q, scales, recipe):
     return ops.dequantize_fp8(q, scales, recipe)
 
 
-def quantize_rowcol(x, recipe):
+def quantize_rowcol(x, recipe, col_recipe=None):
     """Both FP8 copies a GEMM's forward and backward need from one tensor.
 
     x [M, N] (bf16, fp16, fp32, fp64); recipe "blockwise_1x128" or "mxfp8" ("blockwise_128x128" has
@@ -65,10 +65,15 @@ def quantize_rowcol(x, recipe):
     - qt [N, M] float8_e4m3fn (x quantised along its first dimension, stored transposed), scales_t
       fp32 [N, ceil(M/128)] or uint8 E8M0 [N, ceil(M/32)].
 
+    col_recipe (default: recipe): with recipe "blockwise_1x128", "blockwise_128x128" quantises the
+    column-wise copy in 128 x 128 tiles instead: qt, scales_t = quantize(x.t().contiguous(),
+    "blockwise_128x128"), scales_t fp32 [ceil(N/128), ceil(M/128)] (the FP8 weight gradient's cheaper
+    operand, mok.fp8_gemm.quantize_rowcol_for_wgrad).
+
     On the GPU a bf16 x is read once by a fused kernel (other dtypes: two quantisations)."""
     if recipe not in ROWCOL_RECIPES:
         raise ValueError(f"mok: recipe must be one of {ROWCOL_RECIPES}, got {recipe!r}")
-    return RowCol(*ops.quantize_fp8_rowcol(x.contiguous(), recipe))
+    return RowCol(*ops.quantize_fp8_rowcol(x.contiguous(), recipe, False, col_recipe))
 
 
 def qdq_mxfp8(x, *, offsets=None, rows=True, cols=False):

@@ -74,12 +74,15 @@ def grouped_mm_wgrad_blockwise(a_q, a_scales, b_q, b_scales, offsets):
       a_q       [M, R]               float8_e4m3fn  column-wise copy of an [R, M] tensor (R contiguous)
       a_scales  [ceil(R/128), M]     float32        one scale per 1x128 block along R, MN-major
       b_q       [N, R]               float8_e4m3fn  column-wise copy of an [R, N] tensor
-      b_scales  [ceil(R/128), N]     float32        one scale per 1x128 block along R, MN-major
+      b_scales  [ceil(R/128), N]     float32        one scale per 1x128 block along R, MN-major,
+             or [ceil(R/128), ceil(N/128)]          one scale per 128x128 block (b quantised in tiles:
+                                                    quantize_rowcol_for_wgrad(x, "blockwise_128x128"))
       offsets   [E + 1]              int32          expert e owns rows [offsets[e], offsets[e+1])
 
     For each expert e:
       out[e, m, n] = sum_{offsets[e] <= r < offsets[e+1]} a_scales[r // 128, m] * b_scales[r // 128, n]
                                                           * a_q[m, r] * b_q[n, r]
+    (b_scales[r // 128, n // 128] with 128x128 blocks)
     returned as bf16 [E, M, N]; an expert with no rows gets zeros; rows before offsets[0] or at/after
     offsets[E] are not read. That is (dequantize(a)[:, rows of e] @ dequantize(b)[:, rows of e].T) for
     each expert (mok.reference.grouped_mm_fp8_wgrad_blockwise).
@@ -94,7 +97,9 @@ def grouped_mm_wgrad_blockwise(a_q, a_scales, b_q, b_scales, offsets):
     Numerics: CPU (C core) sums each (128-row block, expert) piece exactly in double, scales and adds
     the pieces in increasing block order in double and rounds once to bf16; any offsets (a scale
     block shared by two experts gives each its own rows of it). CUDA (Hopper, sm_90a) accumulates each
-    128-row block in fp32 on the tensor cores and promotes it, scaled, to an fp32 accumulator.
+    128-row block in fp32 on the tensor cores and promotes it, scaled, to an fp32 accumulator: a multiply
+    and an add per accumulator and block with 1x128 b_scales, one fused multiply-add with 128x128 ones
+    (performance log v50).
 
     CUDA requirements: a Hopper GPU (otherwise NotImplementedError), M and N multiples of 128, R a
     multiple of 16, 16-byte aligned tensors, and every offsets[e] a multiple of 128 (mok's CUDA plans
@@ -112,12 +117,23 @@ def colwise_operand(rc):
     return rc.qt, rc.scales_t.t().contiguous()
 
 
-def quantize_rowcol_for_wgrad(x):
+COL_RECIPES = ("blockwise_1x128", "blockwise_128x128")
+
+
+def quantize_rowcol_for_wgrad(x, col_recipe="blockwise_1x128"):
     """x [R, M] -> ((q [R, M], scales [R, ceil(M/128)]), (qt [M, R], scales [ceil(R/128), M])): the row-wise
     copy of mok.fp8.quantize_rowcol(x, "blockwise_1x128") and its column-wise copy as an operand of
     grouped_mm_wgrad_blockwise, bit for bit colwise_operand(quantize_rowcol(x, ...)); on the GPU the
-    kernel writes the column-wise scales MN-major itself (no transpose pass)."""
-    q, scales, qt, scales_t = ops.quantize_fp8_rowcol(x.contiguous(), "blockwise_1x128", True)
+    kernel writes the column-wise scales MN-major itself (no transpose pass).
+
+    col_recipe="blockwise_128x128": the column-wise copy in 128 x 128 tiles of x instead (its scales
+    [ceil(R/128), ceil(M/128)]; bit for bit mok.fp8.quantize(x.t().contiguous(), "blockwise_128x128")
+    with the scales transposed), from the same single pass: as grouped_mm_wgrad_blockwise's b operand
+    its promotion is one FFMA per accumulator instead of an FMUL and an FFMA."""
+    if col_recipe not in COL_RECIPES:
+        raise ValueError(f"mok.fp8_gemm.quantize_rowcol_for_wgrad: col_recipe must be one of {COL_RECIPES}, "
+                         f"got {col_recipe!r}")
+    q, scales, qt, scales_t = ops.quantize_fp8_rowcol(x.contiguous(), "blockwise_1x128", True, col_recipe)
     return (q, scales), (qt, scales_t)
 
 

@@ -302,13 +302,18 @@ def grouped_mm_fp8_blockwise(a_q, a_scales, b_q, b_scales, offsets):
 def grouped_mm_fp8_wgrad_blockwise(a_q, a_scales, b_q, b_scales, offsets):
     """The FP8 blockwise weight-gradient GEMM (mok.fp8_gemm.grouped_mm_wgrad_blockwise) in float64 on
     the CPU: a = dequantize(a_q, a_scales^T), b = dequantize(b_q, b_scales^T) ("blockwise_1x128" along
-    R; the scales come MN-major, [ceil(R/128), M] and [ceil(R/128), N]; exact in float64);
+    R; the scales come MN-major, [ceil(R/128), M] and [ceil(R/128), N], or b's per 128 x 128 block,
+    [ceil(R/128), ceil(N/128)]; exact in float64);
     out[e] = a[:, lo:hi] @ b[:, lo:hi]^T over expert e's rows [lo, hi) = [offsets[e], offsets[e+1]),
     zeros for an expert with no rows. Returns float64 [E, M, N] (the op
     rounds this to bf16)."""
     a_q, a_scales, b_q, b_scales = (t.detach().cpu() for t in (a_q, a_scales, b_q, b_scales))
     A = dequantize_fp8(a_q, a_scales.double().t(), "blockwise_1x128")
-    B = dequantize_fp8(b_q, b_scales.double().t(), "blockwise_1x128")
+    N = b_q.shape[0]
+    if N > 1 and b_scales.shape[1] == (N + 127) // 128:  # 128 x 128 blocks: scales of b's tiles
+        B = dequantize_fp8(b_q, b_scales.double().t(), "blockwise_128x128")
+    else:
+        B = dequantize_fp8(b_q, b_scales.double().t(), "blockwise_1x128")
     off = offsets.long().tolist()
     E = len(off) - 1
     out = torch.zeros(E, A.shape[0], B.shape[0], dtype=torch.float64)

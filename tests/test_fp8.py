@@ -291,6 +291,51 @@ def test_rowcol_scales_t_mn_major_is_the_transpose(device, recipe, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_rowcol_column_copy_in_128x128_tiles(device, monkeypatch):
+    # col_recipe="blockwise_128x128" (v50): q and scales are blockwise_1x128's, (qt, scales_t) bit for bit
+    # quantize(x^T, "blockwise_128x128") (the C core's definition; on CUDA the same rowcol kernel, one
+    # scale per tile); scales_t_mn_major gives their transpose; plain and gathered (weighted) rows;
+    # ragged, one-row and misaligned shapes, edge blocks (zeros, NaN, Inf, saturation); the strip kernel
+    # forced still takes the per-tile kernel.
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
+    col = "blockwise_128x128"
+    for M, N in [(1, 8), (130, 264), (300, 77), (136, 96), (2000, 1024)]:
+        x = _inputs_with_edge_blocks((M, N), torch.bfloat16).to(device)
+        row = mok.fp8.quantize(x, "blockwise_1x128")
+        want_t = mok.fp8.quantize(x.t().contiguous(), col)
+        src, w = make_gather_case(M, 2, M + 50, device, gen)
+        xg = torch.ops.mok.gather_rows(x, src, w, 2)
+        row_g, want_tg = mok.fp8.quantize(xg, "blockwise_1x128"), mok.fp8.quantize(xg.t().contiguous(), col)
+        for strip in ("", "4"):
+            monkeypatch.setenv("MOK_QUANT_ROWCOL_STRIP", strip)
+            for mn in (False, True):
+                got = torch.ops.mok.quantize_fp8_rowcol(x, "blockwise_1x128", mn, col)
+                got_g = torch.ops.mok.quantize_fp8_rowcol_gather(x, src, w, 2, "blockwise_1x128", mn, col)
+                for g, r, t, what in ((got, row, want_t, "plain"), (got_g, row_g, want_tg, "gathered")):
+                    want = (r[0], r[1], t[0], t[1].t().contiguous() if mn else t[1])
+                    for name, a, b in zip(("q", "scales", "qt", "scales_t"), g, want):
+                        assert a.shape == b.shape, (M, N, what, mn, name, a.shape, b.shape)
+                        assert a.stride()[-1] == 1, (M, N, what, mn, name, a.stride())
+                        assert torch.equal(a.view(torch.uint8), b.reshape(-1).view(torch.uint8).view(a.view(torch.uint8).shape)), \
+                            f"{M}x{N} {what} mn={mn} {name}"
+    rc = mok.fp8.quantize_rowcol(x, "blockwise_1x128", col)
+    assert rc.scales_t.shape == (-(-x.shape[1] // 128), -(-x.shape[0] // 128))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rowcol_col_recipe_bad_input_names_the_argument(device):
+    x = torch.randn(4, 128, dtype=torch.bfloat16, device=device)
+    src = torch.zeros(8, dtype=torch.int32, device=device)
+    for recipe, col in (("mxfp8", "blockwise_128x128"), ("blockwise_1x128", "mxfp8"), ("blockwise_1x128", "1x64")):
+        with pytest.raises(ValueError, match="col_recipe"):
+            torch.ops.mok.quantize_fp8_rowcol(x, recipe, False, col)
+        with pytest.raises(ValueError, match="col_recipe"):
+            torch.ops.mok.quantize_fp8_rowcol_gather(x, src, None, 2, recipe, False, col)
+    with pytest.raises(ValueError, match="col_recipe"):
+        mok.fp8_gemm.quantize_rowcol_for_wgrad(x, "mxfp8")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_rowcol_gather_bad_input_names_the_argument(device):
     x = torch.randn(4, 128, dtype=torch.bfloat16, device=device)
     src = torch.zeros(8, dtype=torch.int32, device=device)

@@ -243,23 +243,24 @@ def test_fp8_dgrad_matches_its_emulation(device, case):
     assert 1e-2 < rel_err(grads[0], d_x_bf16) < 0.12
 
 
-def _fp8_wgrad_emulated(a_rows, b_rows, offsets):
+def _fp8_wgrad_emulated(a_rows, b_rows, offsets, b_recipe="blockwise_1x128"):
     """float64 [E, M, N]: per expert, col(a)[:, rows of e] @ col(b)[:, rows of e]^T, where col is the
     1 x 128 column-wise quantisation over the plan's row space (quantize(rows.t()), the C core's rule)
-    of a_rows [R, M] and b_rows [R, N]."""
+    of a_rows [R, M] and b_rows [R, N] (b: b_recipe, "blockwise_128x128" for 128 x 128 tiles)."""
     a_q, a_s = R.quantize_fp8(a_rows.t().contiguous(), "blockwise_1x128")
-    b_q, b_s = R.quantize_fp8(b_rows.t().contiguous(), "blockwise_1x128")
+    b_q, b_s = R.quantize_fp8(b_rows.t().contiguous(), b_recipe)
     return R.grouped_mm_fp8_wgrad_blockwise(a_q, a_s.t(), b_q, b_s.t(), offsets)  # scales MN-major
 
 
-def _emulate_fp8_backward(x, idx, w, gate_up, down, g, plan, *, fp8_dgrad, fp8_wgrad):
+def _emulate_fp8_backward(x, idx, w, gate_up, down, g, plan, *, fp8_dgrad, fp8_wgrad, act_col="blockwise_1x128"):
     """Gradients (x, topk_w, gate_up, down) of the recipe in float64 with the kernels' bf16 roundings,
     in the plan's row space (the column-wise FP8 copies of fp8_wgrad are blocked along it: row r of
     the plan holds pair src_of_row[r], padding rows are zero): rows of x gathered, h = bf16(q(x_rows)
     Q(gate_up)^T), act = bf16(SwiGLU(h)), rows = bf16(q(act) Q(down)^T); d_rows = bf16(w g);
     d_act = bf16(q(d_rows) Q(down)) (fp8_dgrad) or bf16(d_rows down) ; d_h = bf16(SwiGLU'(h, d_act));
     d_x = sum_k bf16(q(d_h) Q(gate_up)) or of bf16(d_h gate_up); d_gate_up[e] = col(d_h)^T col(x_rows)
-    and d_down[e] = col(d_rows)^T col(act) over expert e's rows (fp8_wgrad), else in exact math."""
+    and d_down[e] = col(d_rows)^T col(act) over expert e's rows (fp8_wgrad; the activations' copies in
+    act_col), else in exact math."""
     bf = lambda t: t.bfloat16().double()  # noqa: E731
     x64, w64, gu64, dn64, g64 = (t.detach().double().cpu() for t in (x, w, gate_up, down, g))
     T, K = idx.shape
@@ -293,8 +294,8 @@ def _emulate_fp8_backward(x, idx, w, gate_up, down, g, plan, *, fp8_dgrad, fp8_w
         d_x_rows = per_expert(d_h, lambda e: gu64[e], H)
     d_x = d_x_rows[row_of].sum(1)
     if fp8_wgrad:
-        d_gu = _fp8_wgrad_emulated(d_h, x_rows, plan.offsets)
-        d_dn = _fp8_wgrad_emulated(d_rows, act, plan.offsets)
+        d_gu = _fp8_wgrad_emulated(d_h, x_rows, plan.offsets, act_col)
+        d_dn = _fp8_wgrad_emulated(d_rows, act, plan.offsets, act_col)
     else:
         d_gu = torch.stack([d_h[off[e]:off[e + 1]].t() @ x_rows[off[e]:off[e + 1]] for e in range(E)])
         d_dn = torch.stack([d_rows[off[e]:off[e + 1]].t() @ act[off[e]:off[e + 1]] for e in range(E)])
@@ -302,8 +303,9 @@ def _emulate_fp8_backward(x, idx, w, gate_up, down, g, plan, *, fp8_dgrad, fp8_w
 
 
 def _check_fp8_wgrad(x, idx, w, gu, dn, fp8_dgrad, really_fp8=True, tol=TOL_EMULATION):
-    """fp8_wgrad=True against its emulation; the forward, d_x and d_topk_w bitwise those of
-    fp8_wgrad=False; the weight gradients off the BF16-wgrad ones by about an E4M3 step."""
+    """fp8_wgrad=True against its emulation (the activations' column-wise copies in the module's
+    WGRAD_ACT_COL_RECIPE); the forward, d_x and d_topk_w bitwise those of fp8_wgrad=False; the weight
+    gradients off the BF16-wgrad ones by about an E4M3 step."""
     E = gu.shape[0]
     y = mok.functional.moe_experts(x, idx, w, gu, dn, recipe="blockwise", fp8_dgrad=fp8_dgrad, fp8_wgrad=True)
     y_bf16_wgrad = mok.functional.moe_experts(x, idx, w, gu, dn, recipe="blockwise", fp8_dgrad=fp8_dgrad)
@@ -313,7 +315,8 @@ def _check_fp8_wgrad(x, idx, w, gu, dn, fp8_dgrad, really_fp8=True, tol=TOL_EMUL
     assert grads[2].shape == gu.shape and grads[3].shape == dn.shape
     assert grads[2].dtype == grads[3].dtype == torch.bfloat16
     plan = mok.functional.moe_plan(idx, E)  # the plan moe_experts builds (deterministic)
-    want = _emulate_fp8_backward(x, idx, w, gu, dn, g, plan, fp8_dgrad=fp8_dgrad, fp8_wgrad=True)
+    want = _emulate_fp8_backward(x, idx, w, gu, dn, g, plan, fp8_dgrad=fp8_dgrad, fp8_wgrad=True,
+                                 act_col=mok._fp8_experts.WGRAD_ACT_COL_RECIPE)
     check_grads(grads, want, g, x, idx, gu, dn, tol=tol)
     grads_bf16_wgrad = torch.autograd.grad(y_bf16_wgrad, (x, w, gu, dn), g)
     assert torch.equal(grads[0], grads_bf16_wgrad[0]) and torch.equal(grads[1], grads_bf16_wgrad[1])
@@ -323,9 +326,13 @@ def _check_fp8_wgrad(x, idx, w, gu, dn, fp8_dgrad, really_fp8=True, tol=TOL_EMUL
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("act_col", ["blockwise_1x128", "blockwise_128x128"], ids=["act1x128", "act128x128"])
 @pytest.mark.parametrize("fp8_dgrad", [False, True], ids=["wgrad", "dgrad-wgrad"])
 @pytest.mark.parametrize("case", CASES[1:], ids=str)
-def test_fp8_wgrad_matches_its_emulation(device, case, fp8_dgrad):
+def test_fp8_wgrad_matches_its_emulation(monkeypatch, device, case, fp8_dgrad, act_col):
+    # act_col: the activations' (x_rows', act's) column-wise copies 1 x 128 or in 128 x 128 tiles
+    # (WGRAD_ACT_COL_RECIPE, v50); the incoming gradients' stay 1 x 128
+    monkeypatch.setattr(mok._fp8_experts, "WGRAD_ACT_COL_RECIPE", act_col)
     x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16, device=device, requires_grad=True)
     # (one token: each column block of the FP8 copies holds one nonzero value, which E4M3 with its
     # own scale represents exactly, so the FP8 weight gradient equals the BF16 one there)

@@ -448,17 +448,26 @@ def test_swiglu_form_opcheck(device):
 # ~1e-3 in the norm). A wrong scale block, row range or expert gives errors of order 1.
 
 
-def make_wgrad_operands(R, M, N, device):
+def make_wgrad_operands(R, M, N, device, b_tiled=False):
     """(a_q [M, R], a_scales, b_q [N, R], b_scales): the column-wise copies (quantize_rowcol's qt,
     scales_t made MN-major) of bf16 x [R, M] and y [R, N] whose magnitudes vary per row and per
-    column, so the scales differ from block to block. Rows outside the experts hold data too (it must not show)."""
+    column, so the scales differ from block to block. Rows outside the experts hold data too (it must not show).
+    b_tiled: y's copy in 128 x 128 tiles (b_scales [ceil(R/128), ceil(N/128)])."""
     def rows(n):
         t = torch.randn(R, n, device=device) * torch.exp(torch.randn(R, 1, device=device))
         return (t * torch.exp(torch.randn(1, n, device=device))).bfloat16()
 
     xc = mok.fp8.quantize_rowcol(rows(M), "blockwise_1x128")
+    if b_tiled:
+        return (*mok.fp8_gemm.colwise_operand(xc),
+                *mok.fp8_gemm.quantize_rowcol_for_wgrad(rows(N), "blockwise_128x128")[1])
     yc = mok.fp8.quantize_rowcol(rows(N), "blockwise_1x128")
     return (*mok.fp8_gemm.colwise_operand(xc), *mok.fp8_gemm.colwise_operand(yc))
+
+
+def per_column_scales(b_s, N):
+    """128 x 128 block scales [nrb, ceil(N/128)] as the equal per-column ones [nrb, N]."""
+    return b_s.repeat_interleave(128, dim=1)[:, :N].contiguous()
 
 
 # (R, offsets, M, N): explicit offsets (CPU: any offsets; a 128-row scale block may be shared by two
@@ -577,6 +586,32 @@ def test_wgrad_cpu_is_the_core_formula_bit_exact(R, offsets, M, N, _fresh_seed):
     assert diff == 0, f"seed {_fresh_seed}: {diff} elements differ from the core's documented arithmetic"
 
 
+@pytest.mark.parametrize("R,offsets,M,N", WGRAD_CASES)
+def test_wgrad_tiled_b_scales(R, offsets, M, N, _fresh_seed):
+    # b's scales per 128 x 128 block (v50): bit for bit the op with each block's scale repeated per
+    # column (the C core multiplies by the same double), and within one bf16 rounding of the exact
+    # float64 reference that reads the tiled scales itself.
+    R, offsets = wgrad_offsets(R, offsets)
+    a_q, a_s, b_q, b_s = make_wgrad_operands(R, M, N, "cpu", b_tiled=True)
+    assert b_s.shape == (-(-R // 128), -(-N // 128))
+    out = run_wgrad(a_q, a_s, b_q, b_s, offsets)
+    want = run_wgrad(a_q, a_s, b_q, per_column_scales(b_s, N), offsets)
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16)), f"seed {_fresh_seed}"
+    exact = reference.grouped_mm_fp8_wgrad_blockwise(a_q, a_s, b_q, b_s, offsets)
+    mag = reference.grouped_mm_fp8_wgrad_blockwise(a_q.float().abs(), a_s.abs(), b_q.float().abs(), b_s.abs(), offsets)
+    assert ((out.double() - exact).abs() <= exact.abs() * 2**-8 + mag * 1e-14).all(), f"seed {_fresh_seed}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wgrad_tiled_b_scales_bad_shape_names_the_argument(device):
+    a_q, a_s, b_q, b_s = make_wgrad_operands(256, 128, 256, device, b_tiled=True)
+    off = torch.tensor([0, 128, 256], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="b_scales"):
+        mok.fp8_gemm.grouped_mm_wgrad_blockwise(a_q, a_s, b_q, b_s[:, :1].contiguous(), off)
+    with pytest.raises(ValueError, match="b_scales"):
+        mok.fp8_gemm.grouped_mm_wgrad_blockwise(a_q, a_s, b_q, b_s[:1].contiguous(), off)
+
+
 def test_wgrad_cpu_result_does_not_depend_on_thread_count():
     R, offsets = wgrad_offsets(("plan", 300, 2, 8, "zipf"), None)
     a_q, a_s, b_q, b_s = make_wgrad_operands(R, 128, 256, "cpu")
@@ -658,7 +693,8 @@ WGRAD_BAD = [
     pytest.param(with_wgrad_arg(2, torch.zeros(128, 384, dtype=torch.float8_e4m3fn)), r"b.shape\[1\] must be 256",
                  id="b-R"),
     pytest.param(with_wgrad_arg(3, torch.ones(1, 128)),
-                 r"b_scales must have shape \[ceil\(R / 128\), N\] = \[2, 128\]", id="b_scales-shape"),
+                 r"b_scales must have shape \[ceil\(R / 128\), N\] \(or \[ceil\(R / 128\), ceil\(N / 128\)\]\) = \[2, 128\]",
+                 id="b_scales-shape"),
     pytest.param(with_wgrad_arg(3, torch.ones(128, 2).t()), r"b_scales must be contiguous", id="b_scales-strides"),
     pytest.param(with_wgrad_arg(4, torch.tensor([0, 128, 256])), r"offsets must be Int, got Long",
                  id="offsets-dtype"),
@@ -686,8 +722,9 @@ def wgrad_opcheck_cases(device):
     cases = []
     for T, K, E, routing in [(13, 2, 4, "empty_expert"), (0, 2, 3, "random")]:
         plan = mok.functional.moe_plan(make_routing(T, K, E, routing).to(device), E, tile=tile)
-        a_q, a_s, b_q, b_s = make_wgrad_operands(plan.src_of_row.shape[0], 128, 256, device)
-        cases.append((a_q, a_s, b_q, b_s, plan.offsets))
+        for b_tiled in (False, True):
+            a_q, a_s, b_q, b_s = make_wgrad_operands(plan.src_of_row.shape[0], 128, 256, device, b_tiled)
+            cases.append((a_q, a_s, b_q, b_s, plan.offsets))
     return cases
 
 
@@ -760,6 +797,31 @@ def test_wgrad_cuda_tile_widths_are_bitwise_equal(monkeypatch, T, K, E, M, N, ro
     wide = run_wgrad(a_q, a_s, b_q, b_s, plan.offsets)
     assert torch.equal(narrow.view(torch.int16), wide.view(torch.int16)), f"seed {_fresh_seed}"
     assert torch.isfinite(wide).all(), f"seed {_fresh_seed}: outputs left unwritten (NaN poison)"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,K,E,M,N,routing", [
+    (200, 2, 8, 384, 512, "zipf"),
+    (150, 2, 6, 256, 128, "empty_expert"),
+    (90, 1, 5, 128, 640, "one_expert"),
+    (1, 2, 4, 128, 384, "random"),
+    (0, 2, 4, 128, 128, "random"),
+], ids=["zipf-N512", "empty-expert-N128", "one-expert-N640", "T1-N384", "T0"])
+@pytest.mark.parametrize("bn", ["", "128"], ids=["tile192", "tile128"])
+def test_wgrad_cuda_tiled_b_scales(monkeypatch, T, K, E, M, N, routing, bn, _fresh_seed):
+    # The kernel's 128 x 128 B-scale variant (the forward's promotion, v50): bitwise the per-column
+    # kernel on the same scales repeated per column (the same fp32 products sa * sb, then one FFMA),
+    # on both tile widths (a 192-wide tile straddles two scale blocks at column 128 or 64, and a last
+    # tile reaches past N); within TOL of the CPU op.
+    plan = mok.functional.moe_plan(make_routing(T, K, E, routing).cuda(), E, tile=128)
+    a_q, a_s, b_q, b_s = make_wgrad_operands(plan.src_of_row.shape[0], M, N, "cuda", b_tiled=True)
+    monkeypatch.setenv("MOK_SM90_FP8_BN", bn)
+    out = run_wgrad(a_q, a_s, b_q, b_s, plan.offsets)
+    want = run_wgrad(a_q, a_s, b_q, per_column_scales(b_s, N), plan.offsets)
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16)), f"seed {_fresh_seed}"
+    assert torch.isfinite(out).all(), f"seed {_fresh_seed}: outputs left unwritten (NaN poison)"
+    cpu = mok.fp8_gemm.grouped_mm_wgrad_blockwise(a_q.cpu(), a_s.cpu(), b_q.cpu(), b_s.cpu(), plan.offsets.cpu())
+    assert rel_err(out, cpu) < TOL, f"seed {_fresh_seed}"
 
 
 @pytest.mark.gpu

@@ -47,10 +47,14 @@ def op_cases(device):
                            for r in ("blockwise_1x128", "blockwise_128x128", "mxfp8")],
         "quantize_fp8_rowcol": [(torch.randn(130, 40, device=device, dtype=dt), r, mn)
                                 for r in ("blockwise_1x128", "mxfp8") for dt in (torch.bfloat16, torch.float32)
-                                for mn in (False, True)],
+                                for mn in (False, True)]
+                               + [(torch.randn(130, 40, device=device, dtype=torch.bfloat16), "blockwise_1x128", mn,
+                                   "blockwise_128x128") for mn in (False, True)],
         "quantize_fp8_rowcol_gather": [(x.to(dt), plan.src_of_row, wt, case.K, r, mn)
                                        for r in ("blockwise_1x128", "mxfp8") for dt in (torch.bfloat16, torch.float32)
-                                       for wt in (None, w.float()) for mn in (False, True)],
+                                       for wt in (None, w.float()) for mn in (False, True)]
+                                      + [(x, plan.src_of_row, w.float(), case.K, "blockwise_1x128", True,
+                                          "blockwise_128x128")],
         "swiglu_quantize_fp8": [(torch.randn(130, 256, device=device, dtype=torch.bfloat16), None, True, True, False),
                                 (torch.randn(130, 256, device=device, dtype=torch.bfloat16),
                                  torch.randn(130, 128, device=device, dtype=torch.bfloat16), True, False, True),

@@ -115,6 +115,7 @@ typedef struct {
     const uint8_t* b;
     const float* sb;
     int64_t R, M, N;
+    int64_t sb_cols, sb_div; /* sb's row length and columns per scale (1, or 128: 128 x 128 blocks) */
 } wgrad_args;
 
 /* out[e] rows [m0, m0 + mi), columns [n0, n0 + nj), over the expert's rows [lo, hi) (hi > lo). */
@@ -135,7 +136,7 @@ static void wgrad_tile(const wgrad_args* g, int64_t lo, int64_t hi, int64_t m0, 
         for (j = 0; j < nj; j++) {
             const uint8_t* br = g->b + (n0 + j) * g->R + r0;
             for (k = 0; k < kn; k++) bt[k * NB + j] = g->lut[br[k]];
-            sb[j] = (double)g->sb[kb * g->N + n0 + j];
+            sb[j] = (double)g->sb[kb * g->sb_cols + (n0 + j) / g->sb_div];
         }
         block_kern(acc, at, bt, sa, sb, mi, kn);
     }
@@ -143,14 +144,15 @@ static void wgrad_tile(const wgrad_args* g, int64_t lo, int64_t hi, int64_t m0, 
         for (j = 0; j < nj; j++) out_e[(m0 + i) * g->N + n0 + j] = mok_f32_to_bf16_inl((float)acc[i * NB + j]);
 }
 
-int mok_grouped_gemm_fp8_wgrad_blockwise(const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
-                                         const int32_t* offsets, int64_t E, int64_t R, int64_t M, int64_t N,
-                                         int64_t e_begin, int64_t e_end, uint16_t* out) {
+int mok_grouped_gemm_fp8_wgrad_blockwise_nb(const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
+                                            int64_t sb_block_n, const int32_t* offsets, int64_t E, int64_t R, int64_t M,
+                                            int64_t N, int64_t e_begin, int64_t e_end, uint16_t* out) {
     wgrad_args g;
     int64_t e, m0, n0;
     int c;
     if (E < 0 || R < 0 || M < 0 || N < 0 || e_begin < 0 || e_end < e_begin || e_end > E || !offsets)
         return MOK_ERR_ARG;
+    if (sb_block_n != 1 && sb_block_n != FB) return MOK_ERR_ARG;
     if (offsets[0] < 0 || offsets[E] > R) return MOK_ERR_ARG;
     for (e = 0; e < E; e++)
         if (offsets[e + 1] < offsets[e]) return MOK_ERR_ARG;
@@ -164,6 +166,8 @@ int mok_grouped_gemm_fp8_wgrad_blockwise(const uint8_t* a, const float* sa, cons
     g.R = R;
     g.M = M;
     g.N = N;
+    g.sb_div = sb_block_n;
+    g.sb_cols = (N + sb_block_n - 1) / sb_block_n;
     for (e = e_begin; e < e_end; e++) {
         const int64_t lo = offsets[e], hi = offsets[e + 1];
         uint16_t* out_e = out + e * M * N;
@@ -176,4 +180,10 @@ int mok_grouped_gemm_fp8_wgrad_blockwise(const uint8_t* a, const float* sa, cons
                 wgrad_tile(&g, lo, hi, m0, mok_min64(MB, M - m0), n0, mok_min64(NB, N - n0), out_e);
     }
     return MOK_OK;
+}
+
+int mok_grouped_gemm_fp8_wgrad_blockwise(const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
+                                         const int32_t* offsets, int64_t E, int64_t R, int64_t M, int64_t N,
+                                         int64_t e_begin, int64_t e_end, uint16_t* out) {
+    return mok_grouped_gemm_fp8_wgrad_blockwise_nb(a, sa, b, sb, 1, offsets, E, R, M, N, e_begin, e_end, out);
 }

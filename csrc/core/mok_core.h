@@ -293,6 +293,14 @@ int mok_grouped_gemm_fp8_blockwise(const uint8_t* a, const float* sa, const uint
 int mok_grouped_gemm_fp8_wgrad_blockwise(const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
                                          const int32_t* offsets, int64_t E, int64_t R, int64_t M, int64_t N,
                                          int64_t e_begin, int64_t e_end, uint16_t* out);
+/* The same with b's scales in blocks of sb_block_n columns: 1 (the above: sb [ceil(R/128), N]) or 128
+ * (128 x 128 blocks of B^T, i.e. rows x columns of the activation it was quantised from: sb
+ * [ceil(R/128), ceil(N/128)], sb[kb, n / 128] multiplying column n; what mok_quantize_blockwise_bxb
+ * of b's [R, N] source gives, the weight gradient's operand when the activation's column-wise copy is
+ * quantised in tiles). Other sb_block_n: MOK_ERR_ARG. */
+int mok_grouped_gemm_fp8_wgrad_blockwise_nb(const uint8_t* a, const float* sa, const uint8_t* b, const float* sb,
+                                            int64_t sb_block_n, const int32_t* offsets, int64_t E, int64_t R, int64_t M,
+                                            int64_t N, int64_t e_begin, int64_t e_end, uint16_t* out);
 
 #ifdef __cplusplus
 }

@@ -50,11 +50,11 @@ bool fp8_wide_swiglu() { return env_equals("MOK_SM90_FP8_SWIGLU_BN", "192"); }
 
 /* Persistent launch of one kernel variant (128 x BN tiles) over `units` work units (tiles, or pairs
  * of M-tiles; shared memory opted in once per variant). */
-template <int BN, bool kWgrad, int kCluster, bool kSwiGLU = false>
+template <int BN, bool kWgrad, int kCluster, bool kSwiGLU = false, bool kSbTiled = false>
 int launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_b_half,
            const CUtensorMap& tma_out, const CUtensorMap& tma_act, const f8::params& p, int64_t units,
            int num_sms_hint, cudaStream_t stream) {
-    auto kernel = f8::grouped_gemm_fp8_nt_kernel<BN, kWgrad, kCluster, kSwiGLU>;
+    auto kernel = f8::grouped_gemm_fp8_nt_kernel<BN, kWgrad, kCluster, kSwiGLU, kSbTiled>;
     const int smem = (int)sizeof(typename f8::fp8_tile<BN>::smem_layout) + 1024;
     static bool configured = false;
     if (!configured) {
@@ -228,6 +228,12 @@ extern "C" int mok_grouped_gemm_fp8_wgrad_cuda(const struct mok_grouped_gemm_fp8
     p.num_n_tiles = mok_ceil_div(a->N, bn);
     p.error_flag = a->error_flag;
     const int64_t tiles = a->E * p.num_m_tiles * p.num_n_tiles;
+    /* sb_tiled: B's scales per 128 x 128 block (the forward's promotion, one FFMA per accumulator) */
+    if (a->sb_tiled)
+        return bn == 128
+                   ? launch<128, true, 1, false, true>(tma_a, tma_b, tma_b, tma_out, tma_out, p, tiles, a->num_sms, stream)
+                   : launch<f8::BN_WGRAD, true, 1, false, true>(tma_a, tma_b, tma_b, tma_out, tma_out, p, tiles,
+                                                                a->num_sms, stream);
     return bn == 128 ? launch<128, true, 1>(tma_a, tma_b, tma_b, tma_out, tma_out, p, tiles, a->num_sms, stream)
                      : launch<f8::BN_WGRAD, true, 1>(tma_a, tma_b, tma_b, tma_out, tma_out, p, tiles, a->num_sms, stream);
 }

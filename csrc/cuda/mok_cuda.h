@@ -205,6 +205,8 @@ struct mok_quantize_fp8_rowcol_args {
     uint8_t* qt;    /* [N, M] */
     void* scales_t; /* [N, ceil(M / B)], or [ceil(M / B), N] with scales_t_mn_major */
     int scales_t_mn_major; /* scales_t transposed (MN-major: the FP8 weight gradient's operand layout) */
+    int col_tile;          /* blockwise only: qt in 128 x 128 blocks, quantize(x^T, "blockwise_128x128"):
+                            * scales_t [ceil(N / 128), ceil(M / 128)] (MN-major: [ceil(M / 128), ceil(N / 128)]) */
     const int32_t* src_of_row; /* [M] or NULL */
     const float* w;            /* [T * K] or NULL (with src_of_row only) */
     int64_t T, K;              /* with src_of_row: rows of x and the plan's top_k (K >= 1) */

@@ -56,7 +56,10 @@ int mok_grouped_gemm_fp8_cuda(const struct mok_grouped_gemm_fp8_args* args, cuda
  *   out[e, m, n] = sum_{kb = offsets[e] / 128}^{offsets[e + 1] / 128 - 1} sa[kb, m] * sb[kb, n]
  *                      * sum_{r in block kb} a[m, r] * b[n, r]
  *
- * in bf16 [E, M, N]; an expert without rows gets zeros. The sm_90a kernel needs M % 128 == 0,
+ * in bf16 [E, M, N]; an expert without rows gets zeros. With sb_tiled, b's scales are per 128 x 128
+ * block, sb [ceil(R / 128), N / 128] with sb[kb, n / 128] for column n (b the column-wise copy of an
+ * activation quantised in 128 x 128 tiles): the promotion's factor is then one per row and column
+ * block, as the forward's, instead of one per element. The sm_90a kernel needs M % 128 == 0,
  * N % 128 == 0, R % 16 == 0 (TMA row pitch), 16-byte aligned pointers and every offsets[e] a multiple
  * of 128 (otherwise MOK_DEVICE_ERR_UNALIGNED_PLAN in error_flag and nothing computed).
  */
@@ -64,7 +67,8 @@ struct mok_grouped_gemm_fp8_wgrad_args {
     const void* a;          /* [M, R] e4m3 */
     const float* sa;        /* [ceil(R / 128), M] */
     const void* b;          /* [N, R] e4m3 */
-    const float* sb;        /* [ceil(R / 128), N] */
+    const float* sb;        /* [ceil(R / 128), N], or [ceil(R / 128), N / 128] with sb_tiled */
+    int sb_tiled;           /* b's scales per 128 x 128 block */
     const int32_t* offsets; /* [E + 1], device */
     int64_t R, E, M, N;
     void* out;              /* [E, M, N] bf16 */

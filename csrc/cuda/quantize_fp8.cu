@@ -260,7 +260,9 @@ extern "C" int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol
     tile_args t = tile_args_of(static_cast<const __nv_bfloat16*>(a->x), a->M, a->N, a->q, a->scales, a->qt,
                                a->scales_t);
     const bool mx = a->recipe == MOK_FP8_MXFP8;
+    MOK_CHECK_ARG(!a->col_tile || !mx); /* 128 x 128 column blocks: the blockwise recipe's */
     t.scales_t_mn = a->scales_t_mn_major != 0;
+    t.col_tile = a->col_tile != 0;
     if (a->src_of_row) {
         /* gathered rows: the per-tile kernel (the strips' serial walk would serialise the index loads too) */
         MOK_CHECK_ARG(a->T >= 0 && a->K >= 1 && a->K <= MOK_INT32_LIMIT && a->T * a->K <= MOK_INT32_LIMIT);
@@ -272,9 +274,9 @@ extern "C" int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol
         else quantize_rowcol_bf16_kernel<128, false, true><<<(unsigned)tiles, kThreads, 0, stream>>>(t);
         return mok_launch_status();
     }
-    /* NOTE: the strip kernels stage their column scales as rows of [N, ceil(M / B)]: MN-major scales take
-     * the per-tile kernel */
-    const int strip = t.scales_t_mn ? 0 : rowcol_strip_of(a->M, a->N, mx);
+    /* NOTE: the strip kernels stage their column scales as rows of [N, ceil(M / B)]: MN-major scales and
+     * 128 x 128 column blocks take the per-tile kernel */
+    const int strip = t.scales_t_mn || t.col_tile ? 0 : rowcol_strip_of(a->M, a->N, mx);
     if (strip) {
         const unsigned grid = (unsigned)strip_count(a->M, a->N, strip);
         if (strip == 4 && mx) quantize_rowcol_strip_bf16_kernel<32, true, 4><<<grid, kThreads, 0, stream>>>(t);

@@ -30,8 +30,11 @@
 //
 // with deq(a)[m, r] = e4m3(a[m, r]) * a_scales[r / 128, m]: a and b are column-wise copies of x [R, M]
 // and [R, N] with their scales stored MN-major (mok.fp8_gemm.quantize_colwise_blockwise: the qt of
-// mok.fp8.quantize_rowcol(x, "blockwise_1x128") and its scales_t transposed). An expert with
-// no rows gets zeros. CPU: the C core (mok_grouped_gemm_fp8_wgrad_blockwise, any offsets). CUDA: the
+// mok.fp8.quantize_rowcol(x, "blockwise_1x128") and its scales_t transposed). b_scales may instead be
+// [ceil(R/128), ceil(N/128)]: b quantised in 128 x 128 tiles of its [R, N] source (quantize_rowcol's
+// col_recipe="blockwise_128x128"), deq(b)[n, r] = e4m3(b[n, r]) * b_scales[r / 128, n / 128]; the
+// kernel's promotion then costs one FFMA per accumulator instead of an FMUL and an FFMA (the two layouts
+// differ in shape whenever N > 1, and agree in meaning when N == 1). An expert with no rows gets zeros. CPU: the C core (mok_grouped_gemm_fp8_wgrad_blockwise, any offsets). CUDA: the
 // kWgrad variant of the same sm_90a kernel, which needs M and N multiples of 128, R of 16 and
 // 128-aligned offsets (a misaligned one: the device error word, as above).
 #include <ATen/Parallel.h>
@@ -150,7 +153,8 @@ void check_wgrad_cuda_shapes(int64_t M, int64_t N, int64_t R, const char* op) {
 }
 
 void grouped_mm_fp8_wgrad_cuda(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
-                               const at::Tensor& b_scales, const at::Tensor& offsets, at::Tensor& out, const char* op) {
+                               const at::Tensor& b_scales, bool b_tiled, const at::Tensor& offsets, at::Tensor& out,
+                               const char* op) {
     const int64_t M = a.size(0), R = a.size(1), N = b.size(0);
     check_aligned(a, op, "a");
     check_aligned(a_scales, op, "a_scales");
@@ -162,6 +166,7 @@ void grouped_mm_fp8_wgrad_cuda(const at::Tensor& a, const at::Tensor& a_scales, 
     g.sa = a_scales.data_ptr<float>();
     g.b = b.data_ptr();
     g.sb = b_scales.data_ptr<float>();
+    g.sb_tiled = b_tiled;
     g.offsets = offsets.data_ptr<int32_t>();
     g.R = R;
     g.E = out.size(0);
@@ -261,8 +266,15 @@ at::Tensor grouped_mm_fp8_wgrad(const at::Tensor& a, const at::Tensor& a_scales,
     // MN-major: a K-block's scales are contiguous (the kernel reads them with one bulk copy per stage)
     check_scales(a_scales, a, {nrb, M}, op, "a_scales", "[ceil(R / 128), M]",
                  "MN-major 1 x 128 scales along R: mok.fp8_gemm.quantize_colwise_blockwise");
-    check_scales(b_scales, a, {nrb, N}, op, "b_scales", "[ceil(R / 128), N]",
-                 "MN-major 1 x 128 scales along R: mok.fp8_gemm.quantize_colwise_blockwise");
+    // b's scales per column (1 x 128 along R) or per 128 x 128 block
+    const int64_t nnb = (N + kBlock - 1) / kBlock;
+    const bool b_tiled = N > 1 && b_scales.dim() == 2 && b_scales.size(1) == nnb;
+    if (b_tiled)
+        check_scales(b_scales, a, {nrb, nnb}, op, "b_scales", "[ceil(R / 128), ceil(N / 128)]",
+                     "MN-major 128 x 128 scales: mok.fp8_gemm.quantize_rowcol_for_wgrad(x, col_recipe='blockwise_128x128')");
+    else
+        check_scales(b_scales, a, {nrb, N}, op, "b_scales", "[ceil(R / 128), N] (or [ceil(R / 128), ceil(N / 128)])",
+                     "MN-major 1 x 128 scales along R: mok.fp8_gemm.quantize_colwise_blockwise");
     check_index(offsets, a, op, "offsets");
     check_dim(offsets, 1, op, "offsets", "[E + 1]");
     TORCH_CHECK_VALUE(offsets.size(0) >= 1, op, ": offsets must hold E + 1 >= 1 values, got shape ",
@@ -277,7 +289,7 @@ at::Tensor grouped_mm_fp8_wgrad(const at::Tensor& a, const at::Tensor& a_scales,
     if (out.numel() == 0) return out;
 #ifdef MOK_WITH_CUDA
     if (a.is_cuda()) {
-        grouped_mm_fp8_wgrad_cuda(a, a_scales, b, b_scales, offsets, out, op);
+        grouped_mm_fp8_wgrad_cuda(a, a_scales, b, b_scales, b_tiled, offsets, out, op);
         return out;
     }
 #endif
@@ -289,7 +301,9 @@ at::Tensor grouped_mm_fp8_wgrad(const at::Tensor& a, const at::Tensor& a_scales,
     const int64_t work = std::max<int64_t>(1, M * N * (static_cast<int64_t>(c.off[E]) - c.off[0]) / E);
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 20) / work);
     at::parallel_for(0, E, grain, [&](int64_t e0, int64_t e1) {
-        check_status(mok_grouped_gemm_fp8_wgrad_blockwise(c.a, c.sa, c.b, c.sb, c.off, E, R, M, N, e0, e1, c.out), op);
+        check_status(mok_grouped_gemm_fp8_wgrad_blockwise_nb(c.a, c.sa, c.b, c.sb, b_tiled ? kBlock : 1, c.off, E, R,
+                                                             M, N, e0, e1, c.out),
+                     op);
     });
     return out;
 }

@@ -6,7 +6,10 @@
 // quantize_fp8_rowcol returns both copies: backward needs the column-wise one quantised from the
 // bf16 values (DESIGN.md), and on the GPU one kernel makes both from a single read of x. With
 // scales_t_mn_major the column-wise copy's scales come transposed, [ceil(M / B), N], the layout the FP8
-// weight-gradient GEMM reads (the kernel writes them so: no transpose pass).
+// weight-gradient GEMM reads (the kernel writes them so: no transpose pass). col_recipe (default: recipe)
+// "blockwise_128x128" with recipe "blockwise_1x128" quantises the column-wise copy in 128 x 128 tiles
+// instead ((qt, scales_t) = quantize_fp8(x^T, "blockwise_128x128"), the same kernel and pass): the FP8
+// weight gradient's cheaper operand for activations (mok.fp8_gemm.grouped_mm_wgrad_blockwise).
 //
 // qdq_mxfp8 is the MXFP8 quantise-dequantise of bf16 tensors (recipe="mxfp8" of the layers on
 // Hopper: mok/_mxfp8_experts.py): bf16 copies holding the values of the MXFP8 encoding, row-wise
@@ -100,21 +103,25 @@ using RowColTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 // Shape of a rowcol result's scales_t for x [M, N]: those of quantize(x^T), [N, ceil(M / B)], or with
 // mn_major their transpose [ceil(M / B), N] (the layout mok::grouped_mm_fp8_wgrad reads).
 std::vector<int64_t> scales_t_shape(Recipe r, int64_t M, int64_t N, bool mn_major) {
-    auto shape = scale_shape(r, N, M);
+    auto shape = scale_shape(r, N, M); // (128x128: [ceil(N / 128), ceil(M / 128)])
     if (mn_major) std::swap(shape[0], shape[1]);
     return shape;
 }
 
 // The CPU composition's scales_t in the asked layout.
 RowColTensors with_scales_t_layout(RowColTensors t, bool mn_major) {
-    if (mn_major) std::get<3>(t) = std::get<3>(t).t().contiguous();
+    // (a fresh tensor: .contiguous() would keep a [k, 1] transpose's stride of k in its last dimension)
+    if (mn_major) {
+        const at::Tensor st = std::get<3>(t).t();
+        std::get<3>(t) = at::empty(st.sizes(), st.options()).copy_(st);
+    }
     return t;
 }
 
 #ifdef MOK_WITH_CUDA
 // The CUDA rowcol kernel on a bf16 x: the copies of x itself (src_of_row null), or of its rows gathered
 // by the plan (gather_rows(x, *src_of_row, w, top_k), never written).
-RowColTensors rowcol_cuda(const at::Tensor& x, Recipe r, const char* op, bool mn_major,
+RowColTensors rowcol_cuda(const at::Tensor& x, Recipe r, Recipe col, const char* op, bool mn_major,
                           const at::Tensor* src_of_row = nullptr, const c10::optional<at::Tensor>& w = c10::nullopt,
                           int64_t top_k = 1) {
     const int64_t M = src_of_row ? src_of_row->size(0) : x.size(0), N = x.size(1);
@@ -122,7 +129,7 @@ RowColTensors rowcol_cuda(const at::Tensor& x, Recipe r, const char* op, bool mn
     auto q = at::empty({M, N}, x.options().dtype(at::kFloat8_e4m3fn));
     auto qt = at::empty({N, M}, x.options().dtype(at::kFloat8_e4m3fn));
     auto scales = at::empty(scale_shape(r, M, N), sdt);
-    auto scales_t = at::empty(scales_t_shape(r, M, N, mn_major), sdt);
+    auto scales_t = at::empty(scales_t_shape(col, M, N, mn_major), sdt);
     if (M == 0 || N == 0) return {q, scales, qt, scales_t};
     c10::cuda::CUDAGuard guard(x.device());
     mok_quantize_fp8_rowcol_args a{};
@@ -136,6 +143,7 @@ RowColTensors rowcol_cuda(const at::Tensor& x, Recipe r, const char* op, bool mn
     a.qt = static_cast<uint8_t*>(qt.data_ptr());
     a.scales_t = scales_t.data_ptr();
     a.scales_t_mn_major = mn_major;
+    a.col_tile = col == Recipe::kBlock128x128;
     if (src_of_row) {
         a.src_of_row = src_of_row->data_ptr<int32_t>();
         a.w = w.has_value() ? w->data_ptr<float>() : nullptr;
@@ -149,20 +157,38 @@ RowColTensors rowcol_cuda(const at::Tensor& x, Recipe r, const char* op, bool mn
 
 // (q, scales) = quantize_fp8(x), (qt, scales_t) = quantize_fp8(x^T contiguous). CUDA bf16: the fused
 // kernel; other dtypes and the CPU: the two quantisations (the C core is the definition).
-RowColTensors quantize_fp8_rowcol(const at::Tensor& x, c10::string_view recipe_name, bool scales_t_mn_major) {
+// The column-wise copy's recipe: recipe itself, or (blockwise_1x128 only) blockwise_128x128.
+Recipe col_recipe_of(Recipe r, const c10::optional<c10::string_view>& col_recipe, const char* op) {
+    if (!col_recipe.has_value()) return r;
+    const std::string col_name(*col_recipe);
+    const bool known = col_name == "blockwise_1x128" || col_name == "blockwise_128x128" || col_name == "mxfp8";
+    const Recipe col = known ? parse_recipe(col_name, op) : r;
+    TORCH_CHECK_VALUE(known && (col == r || (r == Recipe::kBlock1x128 && col == Recipe::kBlock128x128)), op,
+                      ": col_recipe must be the recipe or, with recipe='blockwise_1x128', 'blockwise_128x128', got '",
+                      col_name, "'");
+    return col;
+}
+
+const char* name_of(Recipe r) {
+    return r == Recipe::kBlock1x128 ? "blockwise_1x128" : r == Recipe::kBlock128x128 ? "blockwise_128x128" : "mxfp8";
+}
+
+RowColTensors quantize_fp8_rowcol(const at::Tensor& x, c10::string_view recipe_name, bool scales_t_mn_major,
+                                  const c10::optional<c10::string_view>& col_recipe) {
     const char* op = "mok.quantize_fp8_rowcol";
     const std::string name(recipe_name);
     const Recipe r = parse_recipe(name, op);
     TORCH_CHECK_VALUE(r != Recipe::kBlock128x128, op, ": recipe must be 'blockwise_1x128' or 'mxfp8', got '", name,
                       "' (a 128x128 tile has the same scale both ways: its column-wise copy is q.t())");
+    const Recipe col = col_recipe_of(r, col_recipe, op);
     check_dim(x, 2, op, "x", "[M, N]");
     check_contiguous(x, op, "x");
     const mok_dtype dt = to_mok_dtype(x, op, "x");
 #ifdef MOK_WITH_CUDA
-    if (x.is_cuda() && dt == MOK_BF16) return rowcol_cuda(x, r, op, scales_t_mn_major);
+    if (x.is_cuda() && dt == MOK_BF16) return rowcol_cuda(x, r, col, op, scales_t_mn_major);
 #endif
     auto [q, scales] = quantize_fp8(x, recipe_name);
-    auto [qt, scales_t] = quantize_fp8(x.t().contiguous(), recipe_name);
+    auto [qt, scales_t] = quantize_fp8(x.t().contiguous(), name_of(col));
     return with_scales_t_layout({q, scales, qt, scales_t}, scales_t_mn_major);
 }
 
@@ -173,11 +199,13 @@ RowColTensors quantize_fp8_rowcol(const at::Tensor& x, c10::string_view recipe_n
 // definition).
 RowColTensors quantize_fp8_rowcol_gather(const at::Tensor& x, const at::Tensor& src_of_row,
                                          const c10::optional<at::Tensor>& w, int64_t top_k,
-                                         c10::string_view recipe_name, bool scales_t_mn_major) {
+                                         c10::string_view recipe_name, bool scales_t_mn_major,
+                                         const c10::optional<c10::string_view>& col_recipe) {
     const char* op = "mok.quantize_fp8_rowcol_gather";
     const std::string name(recipe_name);
     const Recipe r = parse_recipe(name, op);
     TORCH_CHECK_VALUE(r != Recipe::kBlock128x128, op, ": recipe must be 'blockwise_1x128' or 'mxfp8', got '", name, "'");
+    const Recipe col = col_recipe_of(r, col_recipe, op);
     check_dim(x, 2, op, "x", "[T, N]");
     check_contiguous(x, op, "x");
     const mok_dtype dt = to_mok_dtype(x, op, "x");
@@ -186,13 +214,14 @@ RowColTensors quantize_fp8_rowcol_gather(const at::Tensor& x, const at::Tensor& 
     TORCH_CHECK_VALUE(top_k >= 1, op, ": top_k must be >= 1, got ", top_k);
     check_weights(w, x, x.size(0), top_k, op);
 #ifdef MOK_WITH_CUDA
-    if (x.is_cuda() && dt == MOK_BF16) return rowcol_cuda(x, r, op, scales_t_mn_major, &src_of_row, w, top_k);
+    if (x.is_cuda() && dt == MOK_BF16) return rowcol_cuda(x, r, col, op, scales_t_mn_major, &src_of_row, w, top_k);
 #endif
     static auto gather = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("mok::gather_rows", "")
                              .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
                                                int64_t, const c10::optional<at::Tensor>&)>();
-    return quantize_fp8_rowcol(gather.call(x, src_of_row, w, top_k, c10::nullopt), recipe_name, scales_t_mn_major);
+    return quantize_fp8_rowcol(gather.call(x, src_of_row, w, top_k, c10::nullopt), recipe_name, scales_t_mn_major,
+                               col_recipe);
 }
 
 at::Tensor dequantize_fp8(const at::Tensor& q, const at::Tensor& scales, c10::string_view recipe_name) {
@@ -368,10 +397,10 @@ std::tuple<at::Tensor, at::Tensor> qdq_mxfp8_gather(const at::Tensor& x, const a
 TORCH_LIBRARY_FRAGMENT(mok, m) {
     m.def("quantize_fp8(Tensor x, str recipe) -> (Tensor q, Tensor scales)");
     m.def("dequantize_fp8(Tensor q, Tensor scales, str recipe) -> Tensor");
-    m.def("quantize_fp8_rowcol(Tensor x, str recipe, bool scales_t_mn_major=False) -> "
+    m.def("quantize_fp8_rowcol(Tensor x, str recipe, bool scales_t_mn_major=False, str? col_recipe=None) -> "
           "(Tensor q, Tensor scales, Tensor qt, Tensor scales_t)");
     m.def("quantize_fp8_rowcol_gather(Tensor x, Tensor src_of_row, Tensor? w, int top_k, str recipe, "
-          "bool scales_t_mn_major=False) -> (Tensor q, Tensor scales, Tensor qt, Tensor scales_t)");
+          "bool scales_t_mn_major=False, str? col_recipe=None) -> (Tensor q, Tensor scales, Tensor qt, Tensor scales_t)");
     m.def("qdq_mxfp8(Tensor x, Tensor? offsets, bool rows, bool cols) -> (Tensor row_qdq, Tensor col_qdq)");
     m.def("qdq_mxfp8_gather(Tensor x, Tensor src_of_row, Tensor? w, int top_k, Tensor? offsets, bool rows, bool cols) "
           "-> (Tensor row_qdq, Tensor col_qdq)");

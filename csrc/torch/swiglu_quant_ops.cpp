@@ -56,9 +56,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_quantize_rowcol(
     static auto op =
         c10::Dispatcher::singleton()
             .findSchemaOrThrow("mok::quantize_fp8_rowcol", "")
-            .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, c10::string_view,
-                                                                                  bool)>();
-    return op.call(x, kRecipe, false);
+            .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+                const at::Tensor&, c10::string_view, bool, const c10::optional<c10::string_view>&)>();
+    return op.call(x, kRecipe, false, c10::nullopt);
 }
 
 at::Tensor nothing(const at::Tensor& like, at::ScalarType dtype) { return at::empty({0}, like.options().dtype(dtype)); }

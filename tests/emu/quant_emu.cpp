@@ -153,7 +153,8 @@ std::vector<uint8_t> transpose_bytes(const std::vector<uint8_t>& v, int64_t rows
 /* Runs one kernel on x (placed `offset` elements into its buffer) and checks it against the core.
  * strip (rowcol): the experimental strip kernel with strips of 4 or 8 tiles (v43) instead; mn (rowcol,
  * per tile): scales_t written MN-major, [ceil(M / B), N], checked after transposing it back. */
-void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset, int strip = 0, bool mn = false) {
+void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset, int strip = 0, bool mn = false,
+              bool col_tile = false) {
     using namespace mok_qtile;
     const std::vector<uint16_t> x = make_input(rng, M, N);
     std::vector<uint16_t> buf(x.size() + 8);
@@ -161,13 +162,17 @@ void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset,
     const __nv_bfloat16* xp = reinterpret_cast<const __nv_bfloat16*>(buf.data() + offset);
     /* poisoned outputs: whatever the kernel does not write stays 0xA5 */
     std::vector<uint8_t> q((size_t)(M * N), 0xA5), s((size_t)scale_count(r, M, N) * scale_size(r), 0xA5);
-    std::vector<uint8_t> qt(rowcol ? (size_t)(M * N) : 0, 0xA5), st(rowcol ? (size_t)scale_count(r, N, M) * scale_size(r) : 0, 0xA5);
+    /* col_tile: the column-wise copy is quantize(x^T, 128x128) */
+    const Recipe rt = col_tile ? k128x128 : r;
+    std::vector<uint8_t> qt(rowcol ? (size_t)(M * N) : 0, 0xA5), st(rowcol ? (size_t)scale_count(rt, N, M) * scale_size(rt) : 0, 0xA5);
     tile_args a = tile_args_of(xp, M, N, q.data(), s.data(), rowcol ? qt.data() : nullptr, rowcol ? st.data() : nullptr);
     a.scales_t_mn = mn;
+    a.col_tile = col_tile;
     const unsigned grid = (unsigned)(strip ? strip_count(M, N, strip) : tile_count(M, N));
     char label[180];
-    snprintf(label, sizeof label, "%s %s M=%lld N=%lld offset=%d vec=%d vec_t=%d strip=%d mn=%d",
-             rowcol ? "rowcol" : "rows", name_of(r), (long long)M, (long long)N, offset, a.vec, a.vec_t, strip, mn);
+    snprintf(label, sizeof label, "%s %s M=%lld N=%lld offset=%d vec=%d vec_t=%d strip=%d mn=%d col_tile=%d",
+             rowcol ? "rowcol" : "rows", name_of(r), (long long)M, (long long)N, offset, a.vec, a.vec_t, strip, mn,
+             col_tile);
     const bool ok = launched(label, grid, [&] {
         if (strip == 4 && r == kMx) quantize_rowcol_strip_bf16_kernel<32, true, 4>(a);
         else if (strip == 4) quantize_rowcol_strip_bf16_kernel<128, false, 4>(a);
@@ -181,8 +186,8 @@ void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset,
     });
     if (!ok) return;
     expect_core_quantization(r, x, M, N, q, s, label, "");
-    if (mn) st = transpose_bytes(st, cdiv(M, r == kMx ? 32 : 128), N, scale_size(r));
-    if (rowcol) expect_core_quantization(r, transpose(x, M, N), N, M, qt, st, label, " transposed");
+    if (mn) st = transpose_bytes(st, cdiv(M, r == kMx ? 32 : 128), col_tile ? cdiv(N, 128) : N, scale_size(rt));
+    if (rowcol) expect_core_quantization(rt, transpose(x, M, N), N, M, qt, st, label, " transposed");
 }
 
 uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(mok_from_acc<__nv_bfloat16>(v)); }
@@ -191,7 +196,7 @@ uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(mok_from_acc<__nv_bflo
  * w[src[m]], rounded to bf16, when weighted), a zero row where src[m] is outside [0, T * K) (padding -1,
  * and entries past the end, as gather_rows on CUDA). */
 void run_gather_case(Rng& rng, Recipe r, int64_t T, int64_t K, int64_t M, int64_t N, int offset,
-                     bool weighted = false) {
+                     bool weighted = false, bool col_tile = false) {
     using namespace mok_qtile;
     const std::vector<uint16_t> x = make_input(rng, T, N);
     std::vector<uint16_t> buf(x.size() + 8);
@@ -210,23 +215,25 @@ void run_gather_case(Rng& rng, Recipe r, int64_t T, int64_t K, int64_t M, int64_
         }
     }
     std::vector<uint8_t> q((size_t)(M * N), 0xA5), s((size_t)scale_count(r, M, N) * scale_size(r), 0xA5);
-    std::vector<uint8_t> qt((size_t)(M * N), 0xA5), st((size_t)scale_count(r, N, M) * scale_size(r), 0xA5);
+    const Recipe rt = col_tile ? k128x128 : r;
+    std::vector<uint8_t> qt((size_t)(M * N), 0xA5), st((size_t)scale_count(rt, N, M) * scale_size(rt), 0xA5);
     tile_args a = tile_args_of(reinterpret_cast<const __nv_bfloat16*>(buf.data() + offset), M, N, q.data(), s.data(),
                                qt.data(), st.data());
+    a.col_tile = col_tile;
     a.gather.src = src.data();
     a.gather.w = weighted ? w.data() : nullptr;
     a.gather.src_limit = T * K;
     a.gather.top_k = (int)K;
     char label[180];
-    snprintf(label, sizeof label, "rowcol gather %s T=%lld K=%lld M=%lld N=%lld offset=%d vec=%d weighted=%d",
-             name_of(r), (long long)T, (long long)K, (long long)M, (long long)N, offset, a.vec, weighted);
+    snprintf(label, sizeof label, "rowcol gather %s T=%lld K=%lld M=%lld N=%lld offset=%d vec=%d weighted=%d col_tile=%d",
+             name_of(r), (long long)T, (long long)K, (long long)M, (long long)N, offset, a.vec, weighted, col_tile);
     const bool ok = launched(label, (unsigned)tile_count(M, N), [&] {
         if (r == kMx) quantize_rowcol_bf16_kernel<32, true, true>(a);
         else quantize_rowcol_bf16_kernel<128, false, true>(a);
     });
     if (!ok) return;
     expect_core_quantization(r, x_rows, M, N, q, s, label, "");
-    expect_core_quantization(r, transpose(x_rows, M, N), N, M, qt, st, label, " transposed");
+    expect_core_quantization(rt, transpose(x_rows, M, N), N, M, qt, st, label, " transposed");
 }
 
 
@@ -308,6 +315,12 @@ int main(int argc, char** argv) {
     for (const auto& sh : std::vector<std::pair<int64_t, int64_t>>{{1, 8}, {130, 264}, {300, 77}, {256, 136}})
         for (Recipe r : {k1x128, kMx}) run_case(rng, r, true, sh.first, sh.second, 0, 0, true);
     run_case(rng, k1x128, true, 136, 96, 1, 0, true);
+    /* the column-wise copy in 128 x 128 tiles (v50), scales both layouts: ragged edges, one row, misaligned x */
+    for (const auto& sh : std::vector<std::pair<int64_t, int64_t>>{{1, 8}, {130, 264}, {300, 77}, {256, 136}, {129, 256}})
+        for (bool mn : {false, true}) run_case(rng, k1x128, true, sh.first, sh.second, 0, 0, mn, true);
+    run_case(rng, k1x128, true, 136, 96, 1, 0, true, true);
+    run_gather_case(rng, k1x128, 37, 8, 300, 264, 0, false, true);
+    run_gather_case(rng, k1x128, 50, 4, 260, 136, 1, true, true);
     /* gathered rows (the layer's x_rows, v45): K = 1 and 8, ragged M and N, one row, a misaligned x */
     for (Recipe r : {k1x128, kMx}) {
         run_gather_case(rng, r, 1, 1, 1, 8, 0);

@@ -1563,6 +1563,26 @@ static void test_wgrad_fp8_random(void) {
         for (i = 0; i < E * M * N; i++)
             diff += (i >= 1 * M * N && i < 3 * M * N) ? out[i] != ref[i] : out[i] != 0x7777;
         CHECK(diff == 0, "wgrad sub-range M %d N %d R %d", (int)M, (int)N, (int)R);
+        /* b's scales in 128-column blocks: the same as per column with each block's scale repeated */
+        {
+            const int64_t nnb = (N + 127) / 128;
+            float* sbt = malloc((size_t)(nnb * nrb + 1) * sizeof(float));
+            int64_t kb, n;
+            for (i = 0; i < nnb * nrb; i++) sbt[i] = (float)ldexp(0.5 + rng_unif(), (int)rng_int(20) - 10);
+            for (kb = 0; kb < nrb; kb++)
+                for (n = 0; n < N; n++) sb[kb * N + n] = sbt[kb * nnb + n / 128];
+            ref_wgrad_fp8(a, sa, b, sb, off, E, R, M, N, ref);
+            for (i = 0; i < E * M * N; i++) out[i] = 0x7777;
+            CHECK(mok_grouped_gemm_fp8_wgrad_blockwise_nb(a, sa, b, sbt, 128, off, E, R, M, N, 0, E, out) == MOK_OK,
+                  "wgrad nb 128");
+            diff = 0;
+            for (i = 0; i < E * M * N; i++) diff += out[i] != ref[i];
+            CHECK(diff == 0, "wgrad nb 128 M %d N %d R %d kind %d: %d elements differ", (int)M, (int)N, (int)R,
+                  (int)kind, (int)diff);
+            CHECK(mok_grouped_gemm_fp8_wgrad_blockwise_nb(a, sa, b, sbt, 64, off, E, R, M, N, 0, E, out) ==
+                      MOK_ERR_ARG, "wgrad nb 64 rejected");
+            free(sbt);
+        }
         /* the formula (= out) against exact math on the decoded operands, summed over the expert's rows
          * in any order: only the final bf16 rounding (<= 2^-8 relative, plus double noise) separates them */
         {

@@ -89,7 +89,7 @@ struct params {
     int64_t I;                   /* SwiGLU variant: N / 2, the row of B where the up half starts */
     int32_t* error_flag; /* host-mapped error word or NULL */
     /* wgrad: out [E, M, N]; the contraction runs over each expert's rows of the R-row space; sa, sb
-     * are MN-major, [ceil(R / 128), M] and [ceil(R / 128), N] */
+     * are MN-major, [ceil(R / 128), M] and [ceil(R / 128), N] (kSbTiled: [ceil(R / 128), N / 128]) */
     int64_t M, num_m_tiles;
 };
 
@@ -623,10 +623,13 @@ struct fp8_tile {
         nkb = (hi - lo) / SCALE_BLOCK;
     }
 
+    template <bool kSbTiled>
     static __device__ __forceinline__ void produce_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_a,
                                                          const CUtensorMap* tma_b) {
         /* one thread: two tiles by TMA and two runs of scales by bulk copy per stage (the scales are
-         * MN-major; v19: 256 four-byte cp.async per stage cost the kernel 11-16%) */
+         * MN-major; v19: 256 four-byte cp.async per stage cost the kernel 11-16%); kSbTiled: the A run
+         * and the tile's two B block scales by cp.async (4 bytes each, not 16-byte aligned), which
+         * arrive on the full barrier as the barrier's second arrival */
         if (threadIdx.x != 0) return;
         uint32_t stage = 0, phase = 0;
         mok_tile_sched sched;
@@ -638,8 +641,12 @@ struct fp8_tile {
             const int64_t n0 = tile.n_tile * BN;
             /* a partial last tile (BN > 128 only: N % 128 == 0) copies the scales of its columns below N;
              * the others stay stale and multiply B rows that TMA zero-filled, in columns never stored */
-            const uint32_t sb_bytes = (uint32_t)((p.N - n0 < BN ? p.N - n0 : BN) * 4);
+            const uint32_t sb_bytes = kSbTiled ? 0u : (uint32_t)((p.N - n0 < BN ? p.N - n0 : BN) * 4);
             const uint32_t scale_bytes = MOK_SM90_FP8_SKIP_SCALE_LOADS ? 0u : BM * 4 + sb_bytes;
+            /* kSbTiled: the 128-column blocks of the tile's first column and of the next one (clamped to
+             * the last block: a partial last tile stores no column past N) */
+            const int64_t n_blocks = p.N / SCALE_BLOCK, blk0 = n0 / SCALE_BLOCK;
+            const int64_t blk1 = blk0 + 1 < n_blocks ? blk0 + 1 : blk0;
             for (int64_t kb = kb0; kb < kb0 + nkb; ++kb) {
                 mbarrier_wait_parity(&s.empty[stage], phase ^ 1);
                 const int32_t k0 = (int32_t)(kb * BK);
@@ -648,7 +655,12 @@ struct fp8_tile {
                 tma_load_2d(&s.b[stage][0], tma_b, &s.full[stage], k0, (int32_t)n0);
                 if (!MOK_SM90_FP8_SKIP_SCALE_LOADS) {
                     bulk_load(&s.wsa[phase][stage][0], p.sa + kb * p.M + tile.m0, BM * 4, &s.full[stage]);
-                    bulk_load(&s.wsb[phase][stage][0], p.sb + kb * p.N + n0, sb_bytes, &s.full[stage]);
+                    if (!kSbTiled) bulk_load(&s.wsb[phase][stage][0], p.sb + kb * p.N + n0, sb_bytes, &s.full[stage]);
+                }
+                if (kSbTiled) {
+                    cp_async_4(&s.wsb[phase][stage][0], p.sb + kb * n_blocks + blk0, 4u);
+                    cp_async_4(&s.wsb[phase][stage][1], p.sb + kb * n_blocks + blk1, 4u);
+                    cp_async_mbarrier_arrive_noinc(&s.full[stage]);
                 }
                 if (++stage == kStages) {
                     stage = 0;
@@ -675,6 +687,10 @@ struct fp8_tile {
         }
     }
 
+    /* kSbTiled: B's scales per 128 x 128 block, so the promotion is the forward's (promote(): one
+     * factor per row and column block, 96 FFMA per 192-wide K-block instead of 96 FMUL + 96 FFMA); a
+     * 192-wide tile's columns [0, 128 - n0 % 128) are in its first block (kSplit). */
+    template <bool kSbTiled>
     static __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, const CUtensorMap* tma_out) {
         const consumer_thread me(s); /* its rows: me.r_lo, me.r_lo + 8 */
         ring_pos pos;
@@ -691,17 +707,32 @@ struct fp8_tile {
             for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
             /* NOTE: warp-uniform for ptxas (see consume()) */
             const int nkb = __shfl_sync(0xFFFFFFFFu, (int)nkb64, 0);
-            for (int kb = 0; kb < nkb; ++kb) {
-                mbarrier_wait_parity(&s.full[pos.stage], pos.phase);
-                mma_kblock(part, me.a_base + pos.stage * STAGE_A_BYTES, me.b_base + pos.stage * STAGE_B_BYTES);
-                wgmma_wait_group<0>();
-                /* the tiles are read: release the stage before the promotion (its scales stay, see wsa) */
-                if (me.lane == 0) mbarrier_arrive(&s.empty[pos.stage]);
-                const float* sa = &s.wsa[pos.phase][pos.stage][0];
-                promote_cols(acc, part, ld_shared_f32(&sa[me.r_lo]), ld_shared_f32(&sa[me.r_lo + 8]),
-                             &s.wsb[pos.phase][pos.stage][0], me.lane);
-                pos.advance();
-            }
+            auto mainloop = [&](auto split) {
+                for (int kb = 0; kb < nkb; ++kb) {
+                    mbarrier_wait_parity(&s.full[pos.stage], pos.phase);
+                    mma_kblock(part, me.a_base + pos.stage * STAGE_A_BYTES, me.b_base + pos.stage * STAGE_B_BYTES);
+                    wgmma_wait_group<0>();
+                    /* the tiles are read: release the stage before the promotion (its scales stay, see wsa) */
+                    if (me.lane == 0) mbarrier_arrive(&s.empty[pos.stage]);
+                    const float* sa = &s.wsa[pos.phase][pos.stage][0];
+                    const float* sb = &s.wsb[pos.phase][pos.stage][0];
+                    if (kSbTiled) {
+                        kblock_scales sc;
+                        sc.sb0 = ld_shared_f32(&sb[0]);
+                        sc.sb1 = ld_shared_f32(&sb[1]);
+                        promote<false, decltype(split)::value, 0, false>(acc, part, ld_shared_f32(&sa[me.r_lo]),
+                                                                        ld_shared_f32(&sa[me.r_lo + 8]), sc);
+                    } else {
+                        promote_cols(acc, part, ld_shared_f32(&sa[me.r_lo]), ld_shared_f32(&sa[me.r_lo + 8]), sb,
+                                     me.lane);
+                    }
+                    pos.advance();
+                }
+            };
+            if (kSbTiled && BN > SCALE_BLOCK && (tile.n_tile * BN) % SCALE_BLOCK != 0)
+                mainloop(int_c<(BN > SCALE_BLOCK ? BN - SCALE_BLOCK : BN)>{});
+            else
+                mainloop(int_c<(BN < SCALE_BLOCK ? BN : SCALE_BLOCK)>{});
             /* ---- epilogue: out[e, m, n] in [64 x 64] chunks through the [E, M, N] map ---- */
             const int64_t m0 = tile.m0 + 64 * me.wg;
 #pragma unroll
@@ -743,7 +774,7 @@ __device__ __forceinline__ bool plan_rejected(const params& p, bool wgrad) {
 /* 128 x BN tiles. tma_b: B in boxes of BN rows; tma_b_half: in boxes of BN / 2 rows, the half a CTA
  * of a pair multicasts (kCluster = 2), or the gate and up halves of a SwiGLU tile; tma_act: the
  * SwiGLU variant's act [R, I] (others: unused). */
-template <int BN, bool kWgrad, int kCluster, bool kSwiGLU>
+template <int BN, bool kWgrad, int kCluster, bool kSwiGLU, bool kSbTiled = false>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_fp8_nt_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                                const __grid_constant__ CUtensorMap tma_b_half,
@@ -752,14 +783,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     static_assert(kCluster == 1 || (kCluster == 2 && !kWgrad), "pairs: the forward only");
     static_assert(!kSwiGLU || (kCluster == 1 && !kWgrad && (BN == 128 || BN == 192)),
                   "SwiGLU: the single-CTA forward, 64 + 64 or 96 + 96 gate and up rows");
+    static_assert(!kSbTiled || kWgrad, "B scales per 128 x 128 block: the weight gradient's option");
     using tile = fp8_tile<BN>;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     auto& s = *reinterpret_cast<typename tile::smem_layout*>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     if (threadIdx.x == 0) {
         for (int i = 0; i < tile::kStages; ++i) {
             /* the TMA thread's expect_tx, + 128 cp.async arrivals for the forward's row scales (the
-             * weight gradient's scales come by bulk copy, counted in the expect_tx) */
-            mbarrier_init(&s.full[i], kWgrad ? 1 : kFwdFullArrivals);
+             * weight gradient's scales come by bulk copy, counted in the expect_tx; with kSbTiled its two
+             * B scales by cp.async, one more arrival) */
+            mbarrier_init(&s.full[i], kWgrad ? (kSbTiled ? 2 : 1) : kFwdFullArrivals);
             mbarrier_init(&s.empty[i], 8 * kCluster); /* every consumer warp of the cluster */
         }
         fence_mbarrier_init();
@@ -775,14 +808,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x < 128) {
         setmaxnreg_dec<kProducerRegs>();
         if (kWgrad) {
-            tile::produce_wgrad(s, p, &tma_a, &tma_b);
+            tile::template produce_wgrad<kSbTiled>(s, p, &tma_a, &tma_b);
         } else {
             tile::template produce<kCluster, kSwiGLU>(s, p, &tma_a, &tma_b, &tma_b_half, rows_used);
         }
     } else {
         setmaxnreg_inc<kConsumerRegs>();
         if (kWgrad) {
-            tile::consume_wgrad(s, p, &tma_out);
+            tile::template consume_wgrad<kSbTiled>(s, p, &tma_out);
         } else {
             tile::template consume<kCluster, kSwiGLU>(s, p, rows_used, &tma_out, &tma_act);
         }

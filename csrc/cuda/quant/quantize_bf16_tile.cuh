@@ -60,6 +60,9 @@ struct tile_args {
     int vec_t;              /* rows of qt store as 16 B (M % 16 == 0, aligned) */
     int scales_t_mn;        /* scales_t MN-major, [ceil(M / B), N] (the FP8 weight gradient's operand
                              * layout), instead of [N, ceil(M / B)] (quantize(x^T)'s); per-tile kernels only */
+    int col_tile;           /* blockwise only: the column-wise copy in 128 x 128 blocks (one scale per tile,
+                             * scales_t [ceil(N / 128), ceil(M / 128)], MN-major [ceil(M / 128), ceil(N / 128)]:
+                             * quantize(x^T, "blockwise_128x128")); per-tile kernels only */
     /* gathered rows (kernels built with kGather only; quant/gathered_block.cuh): row m of the tile grid is
      * row gather.src[m] / top_k of x, times gather.w[src[m]] when set, a zero row for padding */
     mok_gathered::rows_of_plan gather;
@@ -79,6 +82,7 @@ static inline tile_args tile_args_of(const __nv_bfloat16* x, int64_t M, int64_t 
     a.vec = N % 8 == 0 && ((uintptr_t)x & 15u) == 0 && ((uintptr_t)q & 7u) == 0;
     a.vec_t = qt != 0 && M % 16 == 0 && ((uintptr_t)qt & 15u) == 0;
     a.scales_t_mn = 0;
+    a.col_tile = 0;
     a.gather.src = nullptr;
     a.gather.w = nullptr;
     a.gather.src_limit = 0;
@@ -382,6 +386,7 @@ struct col_scale {
 
 template <int B>
 struct rowcol_smem {
+    uint32_t tile_max[kThreads / 32]; /* col_tile: each warp's amax bits */
     uint4 part[kChunks][kPieces];
     col_scale scale[kTile / B][8][kPieces];
     uint2 codes_t[kTile][kChunks];
@@ -401,6 +406,15 @@ __device__ __forceinline__ void quantize_tile_block(const tile_args& a, const ti
     uint32_t rm[4], cm[4];
     block_maxima(w, rm, cm);
     if (kCols) s.part[t.g][t.p] = make_uint4(cm[0], cm[1], cm[2], cm[3]);
+    /* col_tile: the tile's amax (integer max of the bits, as quantize_tile128_bf16_kernel), per warp here */
+    const bool col_tile = !kMx && kCols && a.col_tile != 0;
+    if (col_tile) {
+        uint32_t m = vmax2(vmax2(cm[0], cm[1]), vmax2(cm[2], cm[3]));
+        m = max(m & 0xFFFFu, m >> 16);
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+        if (threadIdx.x % 32 == 0) s.tile_max[threadIdx.x / 32] = m;
+    }
 
     /* row-wise blocks, stored while the other warps catch up with the barrier */
     if (kRows) quantize_rows<B, kMx>(a, t, w, rm);
@@ -410,13 +424,17 @@ __device__ __forceinline__ void quantize_tile_block(const tile_args& a, const ti
     /* column blocks' scales: one thread per (block, column); u -> piece pp (fastest), column c
      * within the piece, block kb, i.e. column 8 pp + c of the tile and rows kb * B .. + B */
     const int64_t nbs_t = (a.M + B - 1) / B; /* scale columns of qt */
+    uint32_t tile_m = 0;
+    if (col_tile)
+#pragma unroll
+        for (int i = 0; i < kThreads / 32; ++i) tile_m = max(tile_m, s.tile_max[i]);
 #pragma unroll
     for (int u = (int)threadIdx.x; u < kTile * kColBlocks; u += kThreads) {
         const int pp = u % kPieces, c = (u / kPieces) % 8, kb = u / kTile;
         uint32_t m = 0;
 #pragma unroll
         for (int j = 0; j < kGroup; ++j) m = vmax2(m, reinterpret_cast<const uint32_t*>(&s.part[kb * kGroup + j][pp])[c / 2]);
-        m = (m >> (16 * (c % 2))) & 0xFFFFu;
+        m = col_tile ? tile_m : (m >> (16 * (c % 2))) & 0xFFFFu;
         const block_scale b = block_scale_of<kMx>(m);
         col_scale cs;
         cs.s = b.s;
@@ -425,7 +443,12 @@ __device__ __forceinline__ void quantize_tile_block(const tile_args& a, const ti
         cs.bits = m;
         s.scale[kb][c][pp] = cs;
         const int64_t col = t.n0 + 8 * pp + c;
-        if (col < a.N && t.m0 + kb * B < a.M) {
+        if (col_tile) { /* one scale for the tile (its first column's thread stores it) */
+            if (u == 0) {
+                const int64_t at = a.scales_t_mn ? (int64_t)t.tm * a.nbn + t.tn : (int64_t)t.tn * nbs_t + t.tm;
+                static_cast<float*>(a.scales_t)[at] = b.s;
+            }
+        } else if (col < a.N && t.m0 + kb * B < a.M) {
             const int64_t block = kMx ? (int64_t)t.tm * kColBlocks + kb : t.tm; /* the column block along M */
             const int64_t at = a.scales_t_mn ? block * a.N + col : col * nbs_t + block;
             if (kStageColScales) col_scale_stage[kb * kTile + 8 * pp + c] = kMx ? __uint_as_float(b.e8) : b.s;
