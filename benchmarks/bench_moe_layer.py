@@ -3,9 +3,9 @@ torchtitan-style torch._grouped_mm experts (eager and torch.compile'd) and the n
 on the same inputs (x, weights, routing) in one run. 'mok_fp8' is mok with recipe="blockwise" (FP8
 forward GEMMs, BF16 backward; H and I multiples of 128), 'mok_fp8_dgrad' the same with the two dgrad
 GEMMs of the backward in FP8 too, 'mok_fp8_all' with the two weight-gradient GEMMs in FP8 as well
-(fp8_dgrad=True, fp8_wgrad=True: every expert GEMM in FP8), 'mok_fp8_all_act128' the same with the
-activations' column-wise copies in 128 x 128 tiles (mok._fp8_experts.WGRAD_ACT_COL_RECIPE, v50: the
-weight gradients' cheaper promotion), 'mok_fp8_all_bf16_gather' the same with
+(fp8_dgrad=True, fp8_wgrad=True: every expert GEMM in FP8), 'mok_fp8_all_tiled' the same with
+fp8_wgrad="tiled" (the activations' column-wise copies in 128 x 128 tiles, v50: the weight gradients'
+cheaper promotion), 'mok_fp8_all_bf16_gather' the same with
 x_rows' and d_rows' FP8 copies made from the bf16 gathers instead of straight from x and dy
 (GATHER_QUANT=False, v45/v46; same bits), 'mok_fp8_all_fused' the same with the
 forward's GEMM1 as the fused SwiGLU GEMM instead of the plain FP8 GEMM then the SwiGLU op (same bits),
@@ -62,7 +62,7 @@ QUICK_SHAPES = {
 ROUTINGS = ("balanced", "skewed")
 ZIPF_EXPONENT = 1.2
 # eager first: the reference for errors and ratios
-IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_fp8_all_act128", "mok_fp8_all_bf16_gather",
+IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_fp8_all_tiled", "mok_fp8_all_bf16_gather",
          "mok_fp8_all_fused", "mok_fp8_dgrad_swq", "mok_fp8_all_swq", "mok_fp8_all_swq_fwd",
          "mok_mxfp8", "mok_mxfp8_bf16_gather", "compiled", "naive")
 NAIVE_MAX_S = 1.0  # --naive auto: time the naive loop only if one fwd+bwd takes less than this
@@ -320,9 +320,8 @@ def impl_table(dev, compiled=False):
              "mok_fp8_dgrad": functools.partial(mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True),
              "mok_fp8_all": functools.partial(mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True,
                                               fp8_wgrad=True),
-             "mok_fp8_all_act128": _with_setting(functools.partial(
-                 mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True),
-                 "WGRAD_ACT_COL_RECIPE", "blockwise_128x128"),
+             "mok_fp8_all_tiled": functools.partial(mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True,
+                                                    fp8_wgrad="tiled"),
              "mok_fp8_all_bf16_gather": _with_setting(functools.partial(
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True), "GATHER_QUANT", False),
              "mok_fp8_all_fused": _fused_gate_up(functools.partial(

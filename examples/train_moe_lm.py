@@ -109,7 +109,8 @@ class Block(nn.Module):
         super().__init__()
         self.attn_norm, self.moe_norm = nn.RMSNorm(args.hidden), nn.RMSNorm(args.hidden)
         self.attn = Attention(args.hidden, args.heads, rope=args.rope)
-        fp8 = {"fp8_dgrad": args.fp8_backward in ("dgrad", "all"), "fp8_wgrad": args.fp8_backward == "all"}
+        fp8 = {"fp8_dgrad": args.fp8_backward in ("dgrad", "all", "all_tiled"),
+               "fp8_wgrad": {"all": True, "all_tiled": "tiled"}.get(args.fp8_backward, False)}
         self.moe = mok.MoE(args.hidden, args.inter, args.experts, args.top_k, recipe=args.recipe,
                            **(fp8 if args.recipe == "blockwise" else {}))
 
@@ -275,9 +276,10 @@ def parse_args(argv=None):
                    help="both: mok and baseline; all: mok, mok_fp8 (recipe blockwise) and baseline")
     p.add_argument("--recipe", choices=("bf16", "blockwise"), default="bf16",
                    help="mok's expert recipe (blockwise: FP8 E4M3 GEMMs with DeepSeek-V3's scales); the baseline stays bf16")
-    p.add_argument("--fp8-backward", choices=("bf16", "dgrad", "all"), default="dgrad",
+    p.add_argument("--fp8-backward", choices=("bf16", "dgrad", "all", "all_tiled"), default="dgrad",
                    help="with the blockwise recipe: which backward GEMMs run in FP8 (bf16: none; dgrad: the two "
-                        "dgrad GEMMs, the fastest in bench_moe_layer.py v9; all: dgrad and weight gradients)")
+                        "dgrad GEMMs, the fastest in bench_moe_layer.py v9; all: dgrad and weight gradients; "
+                        "all_tiled: the same with fp8_wgrad='tiled')")
     p.add_argument("--out", default=os.path.join(ROOT, "examples", "out", "train_moe_lm"))
     p.add_argument("--timing-skip", type=int, default=5, help="first steps left out of tokens/s")
     p.add_argument("--log-every", type=int, default=10)

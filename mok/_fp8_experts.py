@@ -29,7 +29,12 @@ mok.fp8.quantize_rowcol (the row-wise copy feeds the forward GEMM, the column-wi
 the backward instead of the bf16 tensor: about half the bytes); the backward quantises d_h and
 d_rows column-wise (with quantize_rowcol when fp8_dgrad needs their row-wise copy as well), giving
 d_gate_up [E, 2I, H] = wgrad(col(d_h), col(x_rows)) and d_down [E, H, I] = wgrad(col(d_rows),
-col(act)) in bf16.
+col(act)) in bf16. fp8_wgrad="tiled": the same with x_rows' and act's column-wise copies in 128 x 128
+tiles (quantize_rowcol_for_wgrad(..., "blockwise_128x128"), one scale per 128 rows x 128 columns; d_h's
+and d_rows' stay 1 x 128): the weight-gradient kernel's promotion is then the forward's (one FFMA per
+accumulator and K-block instead of an FMUL and an FFMA), 18-46% faster on an H100 (performance log v50),
+at the cost of coarser scales for the activations (an element below ~2^-15 of its tile's largest
+magnitude becomes an E4M3 subnormal).
 
 Between the GEMMs, SwiGLU and each quantisation run as ops of their own (three autograd nodes); the
 opt-in FUSED_SWIGLU_QUANT below fuses SwiGLU with the quantisation of its result both ways (v39: not
@@ -53,12 +58,28 @@ RECIPES = ("bf16", "blockwise", "mxfp8")  # every recipe of the layers ("mxfp8":
 ACT_RECIPE = "blockwise_1x128"
 
 
+# fp8_wgrad's values: False (BF16 weight gradients), True (FP8, every column-wise copy 1 x 128 along the
+# rows: DeepSeek-V3's), "tiled" (FP8, the activations' column-wise copies, x_rows' and act's, in 128 x 128
+# tiles; the incoming gradients' stay 1 x 128). "tiled" makes the weight gradient's promotion one FFMA per
+# accumulator instead of an FMUL and an FFMA (performance log v50: the FP8 weight gradients 18-46%
+# faster); the same single rowcol pass makes either copy.
+FP8_WGRAD_VALUES = (False, True, "tiled")
+
+
+def wgrad_act_col_recipe(fp8_wgrad):
+    """The recipe of the activations' column-wise copies under fp8_wgrad (True or "tiled")."""
+    return "blockwise_128x128" if fp8_wgrad == "tiled" else ACT_RECIPE
+
+
 def check_recipe_options(recipe, fp8_dgrad, fp8_wgrad, owner="mok"):
-    """recipe one of RECIPES; fp8_dgrad / fp8_wgrad only with recipe="blockwise". Errors name the argument
+    """recipe one of RECIPES; fp8_wgrad one of FP8_WGRAD_VALUES; fp8_dgrad / fp8_wgrad only with
+    recipe="blockwise". Errors name the argument
     (owner: the caller's name in the message). One rule for the functional API, the layers and the
     expert-parallel experts."""
     if recipe not in RECIPES:
         raise ValueError(f"{owner}: recipe must be one of {RECIPES}, got {recipe!r}")
+    if not (fp8_wgrad == "tiled" if isinstance(fp8_wgrad, str) else fp8_wgrad in (False, True)):
+        raise ValueError(f"{owner}: fp8_wgrad must be False, True or 'tiled', got {fp8_wgrad!r}")
     for name, value in (("fp8_dgrad", fp8_dgrad), ("fp8_wgrad", fp8_wgrad)):
         if value and recipe != "blockwise":
             raise ValueError(f"{owner}: {name} must be False unless recipe='blockwise', got {value}")
@@ -93,12 +114,6 @@ FUSED_SWIGLU_QUANT_BACKWARD = True
 # quantize_rowcol. The same bits either way. Performance log v45, v46.
 GATHER_QUANT = True
 
-# With fp8_wgrad, the recipe of the activations' column-wise copies (x_rows' and act's, the weight
-# gradients' b operands; the incoming gradients' stay 1 x 128): "blockwise_1x128" (default, DeepSeek-V3's
-# 1 x 128 along the rows for both operands) or "blockwise_128x128" (128 x 128 tiles of the activation:
-# the FP8 weight gradient's promotion is then one FFMA per accumulator instead of an FMUL and an FFMA,
-# and the same single rowcol pass makes the copy). Performance log v50.
-WGRAD_ACT_COL_RECIPE = "blockwise_1x128"
 
 
 def _gate_up_fp8(a_q, a_s, w_q, w_s, offsets):
@@ -170,12 +185,12 @@ def _rowcol_of_gathered(x, src_of_row, w, top_k, col_recipe=ACT_RECIPE):
     return (q, s), (qt, st)
 
 
-def _rowcol_of_rows(x, src_of_row, top_k, x_rows):
-    """quantize_rowcol_for_wgrad of the gathered token rows (their column-wise copy in WGRAD_ACT_COL_RECIPE):
-    of x_rows when given, else straight from x."""
+def _rowcol_of_rows(x, src_of_row, top_k, x_rows, col_recipe):
+    """quantize_rowcol_for_wgrad(x_rows, col_recipe) of the gathered token rows: of x_rows when given, else
+    straight from x."""
     if x_rows is None:
-        return _rowcol_of_gathered(x, src_of_row, None, top_k, WGRAD_ACT_COL_RECIPE)
-    return quantize_rowcol_for_wgrad(x_rows, WGRAD_ACT_COL_RECIPE)
+        return _rowcol_of_gathered(x, src_of_row, None, top_k, col_recipe)
+    return quantize_rowcol_for_wgrad(x_rows, col_recipe)
 
 
 def _fp8_mm(a, w_q, w_s, offsets):
@@ -207,7 +222,7 @@ class _Fp8GateUp(torch.autograd.Function):
     def forward(ctx, x, gate_up, src_of_row, row_of, top_k, offsets, x_rows, w_q, w_s, wt_q, wt_s, fp8_wgrad):
         xt_q = xt_s = None
         if fp8_wgrad:
-            (x_q, x_s), (xt_q, xt_s) = _rowcol_of_rows(x, src_of_row, top_k, x_rows)
+            (x_q, x_s), (xt_q, xt_s) = _rowcol_of_rows(x, src_of_row, top_k, x_rows, wgrad_act_col_recipe(fp8_wgrad))
             act, h = _gate_up_fp8(x_q, x_s, w_q, w_s, offsets)
             x_rows = None
         else:
@@ -259,10 +274,10 @@ def _down_backward(d_rows, act, down, offsets, wt_q, wt_s, at_q, at_s, need_a, n
     return d_act, d_down
 
 
-def _down_fp8_keeping_act_codes(act, w_q, w_s, offsets):
+def _down_fp8_keeping_act_codes(act, w_q, w_s, offsets, fp8_wgrad):
     """(rows = act @ down[e]^T in FP8, act's column-wise codes for the FP8 weight gradient): one
     quantize_rowcol of act feeds both."""
-    (a_q, a_s), at = quantize_rowcol_for_wgrad(act, WGRAD_ACT_COL_RECIPE)
+    (a_q, a_s), at = quantize_rowcol_for_wgrad(act, wgrad_act_col_recipe(fp8_wgrad))
     return ops.grouped_mm_fp8(a_q, a_s, w_q, w_s, offsets), at
 
 
@@ -275,7 +290,7 @@ class _Fp8Down(torch.autograd.Function):
     def forward(ctx, act, down, offsets, w_q, w_s, wt_q, wt_s, fp8_wgrad):
         at_q = at_s = None
         if fp8_wgrad:
-            rows, (at_q, at_s) = _down_fp8_keeping_act_codes(act, w_q, w_s, offsets)
+            rows, (at_q, at_s) = _down_fp8_keeping_act_codes(act, w_q, w_s, offsets, fp8_wgrad)
             act = None
         else:
             rows = _fp8_mm(act, w_q, w_s, offsets)
@@ -300,8 +315,8 @@ class _Fp8DownCombine(torch.autograd.Function):
     _Fp8Down. Gradients bit for bit those of _Fp8Down then mok::combine."""
 
     @staticmethod
-    def forward(ctx, act, down, w, offsets, row_of, src_of_row, w_q, w_s, wt_q, wt_s):
-        rows, (at_q, at_s) = _down_fp8_keeping_act_codes(act, w_q, w_s, offsets)
+    def forward(ctx, act, down, w, offsets, row_of, src_of_row, w_q, w_s, wt_q, wt_s, fp8_wgrad):
+        rows, (at_q, at_s) = _down_fp8_keeping_act_codes(act, w_q, w_s, offsets, fp8_wgrad)
         ctx.save_for_backward(down, w, offsets, row_of, src_of_row, rows, wt_q, wt_s, at_q, at_s)
         ctx.set_materialize_grads(False)
         return ops.combine(rows, row_of, src_of_row, w)
@@ -310,7 +325,7 @@ class _Fp8DownCombine(torch.autograd.Function):
     def backward(ctx, dy):
         down, w, offsets, row_of, src_of_row, rows, wt_q, wt_s, at_q, at_s = ctx.saved_tensors
         if dy is None:
-            return (None,) * 10
+            return (None,) * 11
         dy = dy.contiguous()
         need_a, need_down, need_w = ctx.needs_input_grad[:3]
         top_k = row_of.shape[1]
@@ -321,7 +336,7 @@ class _Fp8DownCombine(torch.autograd.Function):
         elif need_a or need_down:
             d_rows = ops.gather_rows(dy, src_of_row, w, top_k)
         d_act, d_down = _down_backward(d_rows, None, down, offsets, wt_q, wt_s, at_q, at_s, need_a, need_down, codes)
-        return (d_act, d_down, d_w) + (None,) * 7
+        return (d_act, d_down, d_w) + (None,) * 8
 
 
 class _Fp8Mlp(torch.autograd.Function):
@@ -340,7 +355,7 @@ class _Fp8Mlp(torch.autograd.Function):
         x_rows = None if wgrad1 and GATHER_QUANT else ops.gather_rows(x, src_of_row, None, top_k, row_of)
         xt = None
         if wgrad1:
-            (x_q, x_s), xt = _rowcol_of_rows(x, src_of_row, top_k, x_rows)
+            (x_q, x_s), xt = _rowcol_of_rows(x, src_of_row, top_k, x_rows, wgrad_act_col_recipe(wgrad1))
             x_rows = None
         else:
             x_q, x_s = ops.quantize_fp8(x_rows, ACT_RECIPE)
@@ -416,10 +431,11 @@ def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj, fp8_dgrad
     # column-wise copies of x_rows and act only where a weight gradient will be taken
     wgrad1 = bool(fp8_wgrad and grad and gate_up_proj.requires_grad)
     wgrad2 = bool(fp8_wgrad and grad and down_proj.requires_grad)
-    if FUSED_SWIGLU_QUANT and not FUSED_GATE_UP:
+    # (the one-node path's SwiGLU kernel quantises act 1 x 128 both ways: "tiled" takes the three nodes)
+    if FUSED_SWIGLU_QUANT and not FUSED_GATE_UP and fp8_wgrad != "tiled":
         keep_act = bool(grad and down_proj.requires_grad)  # the BF16 d_down reads act
         rows = _Fp8Mlp.apply(x, gate_up_proj, down_proj, plan.src_of_row, plan.row_of, top_k, plan.offsets,
-                             w1_q, w1_s, w2_q, w2_s, w1t_q, w1t_s, w2t_q, w2t_s, wgrad1, wgrad2, keep_act)
+                             w1_q, w1_s, w2_q, w2_s, w1t_q, w1t_s, w2t_q, w2t_s, wgrad1 and fp8_wgrad, wgrad2, keep_act)
         return ops.combine(rows, plan.row_of, plan.src_of_row, topk_w.to(acc).contiguous())
     # the FP8 GEMM reads rows of A by TMA: one gathered copy of the token rows (also the BF16 weight
     # gradient's operand), or with wgrad1 and GATHER_QUANT only its FP8 copies, made from x
@@ -427,11 +443,11 @@ def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj, fp8_dgrad
     if not (wgrad1 and GATHER_QUANT):
         x_rows = ops.gather_rows(x.detach(), plan.src_of_row, None, top_k, plan.row_of)
     h, act = _Fp8GateUp.apply(x, gate_up_proj, plan.src_of_row, plan.row_of, top_k, plan.offsets, x_rows, w1_q,
-                              w1_s, w1t_q, w1t_s, wgrad1)
+                              w1_s, w1t_q, w1t_s, wgrad1 and fp8_wgrad)
     del x_rows  # with fp8_wgrad only its FP8 copies live on
     act = _SwiGLUOf.apply(h, act) if h.requires_grad else act
     if GATHER_QUANT and wgrad2 and w2t_q is not None:
         return _Fp8DownCombine.apply(act, down_proj, topk_w.to(acc).contiguous(), plan.offsets, plan.row_of,
-                                     plan.src_of_row, w2_q, w2_s, w2t_q, w2t_s)
-    rows = _Fp8Down.apply(act, down_proj, plan.offsets, w2_q, w2_s, w2t_q, w2t_s, wgrad2)
+                                     plan.src_of_row, w2_q, w2_s, w2t_q, w2t_s, fp8_wgrad)
+    rows = _Fp8Down.apply(act, down_proj, plan.offsets, w2_q, w2_s, w2t_q, w2t_s, wgrad2 and fp8_wgrad)
     return ops.combine(rows, plan.row_of, plan.src_of_row, topk_w.to(acc).contiguous())

@@ -1,7 +1,7 @@
 """mok's functional API: routing and the routed-expert MLP, with input checks that name the
 argument. Everything here runs on mok's operators (torch.ops.mok), with no host synchronisation,
 so it traces under torch.compile(fullgraph=True) and captures in CUDA graphs."""
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Union
 
 import torch
 
@@ -137,7 +137,7 @@ def _autocast(x, *weights):
 
 
 def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=False, plan: Optional[Plan] = None,
-                recipe: str = "bf16", fp8_dgrad: bool = False, fp8_wgrad: bool = False):
+                recipe: str = "bf16", fp8_dgrad: bool = False, fp8_wgrad: Union[bool, str] = False):
     """The routed experts of an MoE layer: y[t] = sum_k topk_w[t, k] * MLP_e(x[t]), e = topk_idx[t, k],
     MLP_e(v) = down_proj[e] @ (silu(gate[e] @ v) * (up[e] @ v)), [gate; up] = gate_up_proj[e].
 
@@ -155,7 +155,9 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
     needs bf16 x and weights, H and I multiples of 128 (mok/_fp8_experts.py). fp8_dgrad=True (with
     "blockwise") also runs the backward's two dgrad GEMMs in FP8 (gradients quantised 1 x 128), and
     fp8_wgrad=True (with "blockwise") its two weight-gradient GEMMs (gradients and activations
-    quantised 1 x 128 along the rows); either may be given without the other. "mxfp8": every expert
+    quantised 1 x 128 along the rows), fp8_wgrad="tiled" the same with the activations' copies (x_rows,
+    act) in 128 x 128 tiles instead (faster weight gradients, coarser activation scales; see
+    mok/_fp8_experts.py); either of fp8_dgrad / fp8_wgrad may be given without the other. "mxfp8": every expert
     GEMM (forward, dgrad, weight gradient) on operands rounded to MXFP8 (E4M3, one E8M0 scale per
     1 x 32 block along that GEMM's contraction dimension), computed exactly on the BF16 kernels:
     Blackwell's MXFP8 training numerics on Hopper, at BF16 speed plus the rounding passes (Hopper has

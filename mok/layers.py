@@ -57,7 +57,7 @@ class GroupedExperts(nn.Module):
     topk_w [T, K]) -> [T, H]. recipe: "bf16", "blockwise" (FP8 forward GEMMs) or "mxfp8" (every
     expert GEMM on MXFP8-rounded operands, computed exactly on the BF16 kernels); see
     mok.functional.moe_experts. With recipe="blockwise", fp8_dgrad=True also runs the backward's two
-    dgrad GEMMs in FP8 and fp8_wgrad=True its two weight-gradient GEMMs (either, or both)."""
+    dgrad GEMMs in FP8 and fp8_wgrad=True (or "tiled") its two weight-gradient GEMMs (either, or both)."""
 
     def __init__(self, num_experts, hidden_size, intermediate_size, *, skip_invalid=False, recipe="bf16",
                  fp8_dgrad=False, fp8_wgrad=False, device=None, dtype=None):
@@ -65,7 +65,8 @@ class GroupedExperts(nn.Module):
         _fp8_experts.check_recipe_options(recipe, fp8_dgrad, fp8_wgrad)
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
         self.skip_invalid, self.recipe = skip_invalid, recipe
-        self.fp8_dgrad, self.fp8_wgrad = bool(fp8_dgrad), bool(fp8_wgrad)
+        self.fp8_dgrad = bool(fp8_dgrad)
+        self.fp8_wgrad = fp8_wgrad if fp8_wgrad == "tiled" else bool(fp8_wgrad)
         kw = dict(device=device, dtype=dtype)
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size, **kw))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size, **kw))

@@ -184,7 +184,8 @@ def test_virtual_ranks_match_w1_bitwise(world, dtype, _fresh_seed):
 
 
 FP8_OPTIONS = [dict(recipe="blockwise"), dict(recipe="blockwise", fp8_dgrad=True),
-               dict(recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True), dict(recipe="mxfp8")]
+               dict(recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True),
+               dict(recipe="blockwise", fp8_dgrad=True, fp8_wgrad="tiled"), dict(recipe="mxfp8")]
 
 
 def recipe_reference(p, options):

@@ -15,8 +15,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     (["--recipe", "blockwise"], ("mok", "baseline")),
     (["--recipe", "blockwise", "--fp8-backward", "bf16"], ("mok", "baseline")),
     (["--recipe", "blockwise", "--fp8-backward", "all"], ("mok", "baseline")),
+    (["--recipe", "blockwise", "--fp8-backward", "all_tiled"], ("mok", "baseline")),
     (["--impl", "all"], ("mok", "mok_fp8", "baseline")),
-], ids=["bf16", "blockwise", "blockwise_fp8_fwd_only", "blockwise_fp8_all", "all"])
+], ids=["bf16", "blockwise", "blockwise_fp8_fwd_only", "blockwise_fp8_all", "blockwise_fp8_all_tiled", "all"])
 def test_train_example_quick_run_learns(tmp_path, flags, impls):
     run = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_moe_lm.py"), "--quick", "--steps", "20",
                           "--no-progress", "--device", "cpu", "--out", str(tmp_path), *flags],
