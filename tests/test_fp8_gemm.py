@@ -754,14 +754,19 @@ def test_wgrad_compile_fullgraph_cpu():
 # ---------------------------------------------------------------- weight gradient on CUDA
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("T,K,E,M,N,routing", [
+# (T, K, E, M, N, routing) of the CUDA weight-gradient tests: an empty expert, one expert with every
+# row, one token, none; N from one 128-column block to a last 192-wide tile reaching past N
+WGRAD_CUDA_CASES = pytest.mark.parametrize("T,K,E,M,N,routing", [
     (200, 2, 8, 384, 512, "zipf"),
     (150, 2, 6, 256, 128, "empty_expert"),
-    (90, 1, 5, 128, 256, "one_expert"),
-    (1, 2, 4, 128, 128, "random"),
+    (90, 1, 5, 128, 640, "one_expert"),
+    (1, 2, 4, 128, 384, "random"),
     (0, 2, 4, 128, 128, "random"),
-], ids=["zipf", "empty-expert", "one-expert", "T1", "T0"])
+], ids=["zipf-N512", "empty-expert-N128", "one-expert-N640", "T1-N384", "T0"])
+
+
+@pytest.mark.gpu
+@WGRAD_CUDA_CASES
 def test_wgrad_cuda_matches_cpu_op(T, K, E, M, N, routing, _fresh_seed):
     # CUDA plans (tile 128): 128-aligned offsets, R a multiple of 128, rows past offsets[E] hold data.
     plan = mok.functional.moe_plan(make_routing(T, K, E, routing).cuda(), E, tile=128)
@@ -800,13 +805,7 @@ def test_wgrad_cuda_tile_widths_are_bitwise_equal(monkeypatch, T, K, E, M, N, ro
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T,K,E,M,N,routing", [
-    (200, 2, 8, 384, 512, "zipf"),
-    (150, 2, 6, 256, 128, "empty_expert"),
-    (90, 1, 5, 128, 640, "one_expert"),
-    (1, 2, 4, 128, 384, "random"),
-    (0, 2, 4, 128, 128, "random"),
-], ids=["zipf-N512", "empty-expert-N128", "one-expert-N640", "T1-N384", "T0"])
+@WGRAD_CUDA_CASES
 @pytest.mark.parametrize("bn", ["", "128"], ids=["tile192", "tile128"])
 def test_wgrad_cuda_tiled_b_scales(monkeypatch, T, K, E, M, N, routing, bn, _fresh_seed):
     # The kernel's 128 x 128 B-scale variant (the forward's promotion, v50): bitwise the per-column

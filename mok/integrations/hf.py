@@ -6,12 +6,13 @@ Two ways in:
   Parameter objects under the same names (so state_dict keys, optimizers and checkpoints are
   unchanged); the router (`mlp.gate`), its hooks and the shared experts stay as they are.
 - `register()` adds "mok" to transformers' ExpertsInterface, so
-  `from_pretrained(..., experts_implementation="mok")` uses mok without swapping modules.
+  `from_pretrained(..., experts_implementation="mok")` uses mok without swapping modules (BF16:
+  the interface passes no options; `swap_moe(model, recipe=...)` takes the FP8 / MXFP8 recipes).
 """
 import torch
 from torch import nn
 
-from .. import functional
+from .. import _fp8_experts, functional
 
 
 def is_hf_experts(module: nn.Module) -> bool:
@@ -69,12 +70,16 @@ class MokHFExperts(nn.Module):
     """Drop-in for a transformers v5 experts module: forward(hidden_states [T, H], top_k_index [T, K],
     top_k_weights [T, K]) -> [T, H], computed by mok. Holds the original Parameter objects."""
 
-    def __init__(self, original: nn.Module, *, skip_invalid: bool = False):
+    def __init__(self, original: nn.Module, *, skip_invalid: bool = False, recipe: str = "bf16",
+                 fp8_dgrad: bool = False, fp8_wgrad=False):
         super().__init__()
+        _fp8_experts.check_recipe_options(recipe, fp8_dgrad, fp8_wgrad, "mok.integrations.hf.MokHFExperts")
         self.gate_up_proj = original.gate_up_proj
         self.down_proj = original.down_proj
         self.num_experts = original.gate_up_proj.shape[0]
         self.skip_invalid = skip_invalid
+        # the routed experts' numerics (mok.functional.moe_experts' recipe, fp8_dgrad, fp8_wgrad)
+        self.recipe, self.fp8_dgrad, self.fp8_wgrad = recipe, fp8_dgrad, fp8_wgrad
         self.original_class = type(original).__name__
         # Attributes other code reads off an experts module.
         for attr in ("hidden_dim", "intermediate_dim", "act_fn", "config", "has_gate", "has_bias", "is_transposed",
@@ -86,15 +91,19 @@ class MokHFExperts(nn.Module):
         return mok_experts_forward(self, hidden_states, top_k_index, top_k_weights)
 
     def extra_repr(self):
-        return f"num_experts={self.num_experts}, replaces={self.original_class}, skip_invalid={self.skip_invalid}"
+        recipe = "" if self.recipe == "bf16" else (f", recipe={self.recipe!r}, fp8_dgrad={self.fp8_dgrad}, "
+                                                   f"fp8_wgrad={self.fp8_wgrad!r}")
+        return f"num_experts={self.num_experts}, replaces={self.original_class}, skip_invalid={self.skip_invalid}{recipe}"
 
 
 def mok_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """The ExpertsInterface signature. Sentinel ids >= num_experts (transformers' expert-parallel
-    convention) are skipped when the module says so (MokHFExperts.skip_invalid), else an error."""
+    convention) are skipped when the module says so (MokHFExperts.skip_invalid), else an error. The
+    recipe options come from the module (MokHFExperts: swap_moe's; BF16 otherwise)."""
     skip = getattr(self, "skip_invalid", False)
     y = functional.moe_experts(hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj,
-                               skip_invalid=skip)
+                               skip_invalid=skip, recipe=getattr(self, "recipe", "bf16"),
+                               fp8_dgrad=getattr(self, "fp8_dgrad", False), fp8_wgrad=getattr(self, "fp8_wgrad", False))
     return y.to(hidden_states.dtype)
 
 

@@ -4,7 +4,7 @@ forward(x [N, H], num_tokens_per_expert [E]) -> [N, H]."""
 import torch
 from torch import nn
 
-from .. import functional
+from .. import _fp8_experts, functional
 
 
 def is_titan_grouped_experts(module: nn.Module) -> bool:
@@ -25,11 +25,16 @@ def check_supported(module: nn.Module, name: str = "experts") -> None:
 class MokTitanGroupedExperts(nn.Module):
     """Drop-in for torchtitan's GroupedExperts, holding the same w1/w2/w3 Parameter objects."""
 
-    def __init__(self, original: nn.Module):
+    def __init__(self, original: nn.Module, *, recipe: str = "bf16", fp8_dgrad: bool = False, fp8_wgrad=False):
         super().__init__()
+        _fp8_experts.check_recipe_options(recipe, fp8_dgrad, fp8_wgrad, "mok.integrations.torchtitan.MokTitanGroupedExperts")
         self.w1, self.w2, self.w3 = original.w1, original.w2, original.w3
         self.num_experts = original.w1.shape[0]
         self.original_class = type(original).__name__
+        # the experts' numerics (mok.functional.moe_experts' options). NOTE: with recipe="blockwise" the
+        # concatenated gate_up below is a new tensor each call, so its FP8 codes are made per call, not
+        # cached per weight version as on mok's own layers.
+        self.recipe, self.fp8_dgrad, self.fp8_wgrad = recipe, fp8_dgrad, fp8_wgrad
 
     def forward(self, x, num_tokens_per_expert):
         N = x.shape[0]
@@ -42,7 +47,10 @@ class MokTitanGroupedExperts(nn.Module):
         # NOTE: mok's kernels read gate and up as one [E, 2I, H] tensor; this cat copies the two
         # weights once per call (small next to the GEMMs; a two-pointer kernel removes it later).
         gate_up = torch.cat([self.w1, self.w3], dim=1)
-        return functional.moe_experts(x, ids[:, None], ones, gate_up, self.w2).to(x.dtype)
+        return functional.moe_experts(x, ids[:, None], ones, gate_up, self.w2, recipe=self.recipe,
+                                      fp8_dgrad=self.fp8_dgrad, fp8_wgrad=self.fp8_wgrad).to(x.dtype)
 
     def extra_repr(self):
-        return f"num_experts={self.num_experts}, replaces={self.original_class}"
+        recipe = "" if self.recipe == "bf16" else (f", recipe={self.recipe!r}, fp8_dgrad={self.fp8_dgrad}, "
+                                                   f"fp8_wgrad={self.fp8_wgrad!r}")
+        return f"num_experts={self.num_experts}, replaces={self.original_class}{recipe}"
