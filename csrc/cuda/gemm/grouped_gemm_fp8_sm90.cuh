@@ -35,7 +35,8 @@
  * sa [ceil(R / 128), M], sb [ceil(R / 128), N], so a stage's 128 + BN scales are two contiguous runs,
  * one bulk copy each): one tile group per expert, its K-blocks those of its 128-aligned rows. B's
  * scale differs per column, so the promotion multiplies per element (sa[row] * sb[col]): twice the
- * forward's CUDA-core work.
+ * forward's CUDA-core work. kSbTiled (B quantised in 128 x 128 tiles of its [R, N] source, sb
+ * [ceil(R / 128), N / 128]): the forward's promotion, one factor per row and 128-column block (v50).
  *
  * v1 limits: plans aligned to 128 rows (a tile never straddles experts; mok's CUDA plans are; a
  * misaligned offset is reported in the error word and nothing is computed); K % 128 == 0 and
