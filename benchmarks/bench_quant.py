@@ -72,6 +72,15 @@ def main(argv=None):
                 tbps = nbytes / t["median_ms"] / 1e9
                 rows.append(dict(shape=name, impl=impl, M=M, N=N, ms=t["median_ms"], tbps=tbps,
                                  vs_copy=tbps / copy_tbps))
+        # the column-wise copy in 128 x 128 tiles (fp8_wgrad="tiled", v50), the layer's MN-major scales,
+        # against the same call with 1 x 128 columns (its bytes: the fewer column scales)
+        for col in ("blockwise_1x128", "blockwise_128x128"):
+            fn = lambda _i, c=col: torch.ops.mok.quantize_fp8_rowcol(x, "blockwise_1x128", True, c)  # noqa: E731
+            nbytes = 2 * M * N + sum(t.numel() * t.element_size() for t in fn(0))
+            t = common.bench(fn, dev, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2)
+            tbps = nbytes / t["median_ms"] / 1e9
+            rows.append(dict(shape=name, impl=f"rowcol mn cols {col}", M=M, N=N, ms=t["median_ms"], tbps=tbps,
+                             vs_copy=tbps / copy_tbps))
         # MXFP8 quantise-dequantise (the recipe="mxfp8" path): bf16 in, bf16 MXFP8-rounded copies out
         offsets = torch.tensor([0, M], dtype=torch.int32, device=dev)
         qdq = {"qdq mxfp8 rows": (lambda _i: mok.fp8.qdq_mxfp8(x), 4 * M * N),
