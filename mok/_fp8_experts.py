@@ -78,7 +78,7 @@ def check_recipe_options(recipe, fp8_dgrad, fp8_wgrad, owner="mok"):
     expert-parallel experts."""
     if recipe not in RECIPES:
         raise ValueError(f"{owner}: recipe must be one of {RECIPES}, got {recipe!r}")
-    if not (fp8_wgrad == "tiled" if isinstance(fp8_wgrad, str) else fp8_wgrad in (False, True)):
+    if fp8_wgrad not in FP8_WGRAD_VALUES:
         raise ValueError(f"{owner}: fp8_wgrad must be False, True or 'tiled', got {fp8_wgrad!r}")
     for name, value in (("fp8_dgrad", fp8_dgrad), ("fp8_wgrad", fp8_wgrad)):
         if value and recipe != "blockwise":

@@ -117,9 +117,6 @@ def colwise_operand(rc):
     return rc.qt, rc.scales_t.t().contiguous()
 
 
-COL_RECIPES = ("blockwise_1x128", "blockwise_128x128")
-
-
 def quantize_rowcol_for_wgrad(x, col_recipe="blockwise_1x128"):
     """x [R, M] -> ((q [R, M], scales [R, ceil(M/128)]), (qt [M, R], scales [ceil(R/128), M])): the row-wise
     copy of mok.fp8.quantize_rowcol(x, "blockwise_1x128") and its column-wise copy as an operand of
@@ -129,10 +126,8 @@ def quantize_rowcol_for_wgrad(x, col_recipe="blockwise_1x128"):
     col_recipe="blockwise_128x128": the column-wise copy in 128 x 128 tiles of x instead (its scales
     [ceil(R/128), ceil(M/128)]; bit for bit mok.fp8.quantize(x.t().contiguous(), "blockwise_128x128")
     with the scales transposed), from the same single pass: as grouped_mm_wgrad_blockwise's b operand
-    its promotion is one FFMA per accumulator instead of an FMUL and an FFMA."""
-    if col_recipe not in COL_RECIPES:
-        raise ValueError(f"mok.fp8_gemm.quantize_rowcol_for_wgrad: col_recipe must be one of {COL_RECIPES}, "
-                         f"got {col_recipe!r}")
+    its promotion is one FFMA per accumulator instead of an FMUL and an FFMA. (Other col_recipe values:
+    the op's ValueError.)"""
     q, scales, qt, scales_t = ops.quantize_fp8_rowcol(x.contiguous(), "blockwise_1x128", True, col_recipe)
     return (q, scales), (qt, scales_t)
 
