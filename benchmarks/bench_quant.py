@@ -28,8 +28,55 @@ from benchmarks import common  # noqa: E402
 # name -> [M, N]: activations of the DeepSeek-V3 slice (T*K rows of H = 7168) and a weight.
 SHAPES = {"act_dsv3": (65536, 7168), "act_qwen3": (131072, 2048), "weight_mixtral": (28672, 4096)}
 QUICK_SHAPES = {"tiny": (256, 384)}
+# name -> (T, top_k, E): the activation shapes as the layer makes them, gathered from x [T, N] through a plan
+# (the FP8 layer's x_rows and d_rows passes: quantize_fp8_rowcol_gather)
+GATHERS = {"act_dsv3": (8192, 8, 32), "act_qwen3": (16384, 8, 128), "tiny": (64, 2, 4)}
+GATHER_BANDS = ("0", "1", "2", "4", "8")
 COLUMNS = [("shape", "shape", ""), ("impl", "impl", ""), ("M", "M", ""), ("N", "N", ""), ("ms", "ms", ".3f"),
            ("tbps", "TB/s", ".2f"), ("vs_copy", "vs copy", ".2f")]
+
+
+def gathered_rows(name, N, gather, dev, args, copy_tbps):
+    """The rowcol pass on gathered rows (x [T, N] read through a plan of random top-k routing, unweighted
+    and weighted as the layer's x_rows and d_rows), the layer's MN-major column scales; on CUDA for each
+    band width of the tile walk (MOK_QUANT_GATHER_BAND, performance log v51), outputs checked bitwise
+    against band 0 (row-major). Bytes counted as for rowcol of the gathered tensor [M, N] (M = the plan's
+    rows), so that reading x fewer than top_k times shows as more than the copy's speed."""
+    T, K, E = gather
+    x = torch.randn(T, N, device=dev, dtype=torch.bfloat16)
+    topk = torch.rand(T, E, device=dev).topk(K, dim=1).indices
+    plan = mok.functional.moe_plan(topk, E)
+    w = torch.rand(T, K, device=dev, dtype=torch.float32)
+    M = plan.src_of_row.numel()
+    out = []
+    for label, wt in (("", None), (" weighted", w)):
+        def run(_i, wt=wt):
+            return torch.ops.mok.quantize_fp8_rowcol_gather(x, plan.src_of_row, wt, K, "blockwise_1x128", True,
+                                                            "blockwise_1x128")
+        nbytes = 2 * M * N + sum(t.numel() * t.element_size() for t in run(0))
+        bands = GATHER_BANDS if dev.type == "cuda" else ("default",)
+        want = common.with_env("MOK_QUANT_GATHER_BAND", "0", run)(0) if dev.type == "cuda" else None
+        for band in bands:
+            fn = run if band == "default" else common.with_env("MOK_QUANT_GATHER_BAND", band, run)
+            same = want is None or all(torch.equal(u.view(torch.uint8), v.view(torch.uint8))
+                                       for u, v in zip(fn(0), want))
+            t = common.bench(fn, dev, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2)
+            tbps = nbytes / t["median_ms"] / 1e9
+            impl = f"rowcol gather{label} band {band}" + ("" if same else " (OUTPUTS DIFFER)")
+            out.append(dict(shape=name, impl=impl, M=M, N=N, ms=t["median_ms"], tbps=tbps, vs_copy=tbps / copy_tbps))
+        del want
+    # recipe="mxfp8"'s gathered qdq (both bf16 copies, the plan's segments), bytes as 6 per gathered element
+    def qdq(_i):
+        return torch.ops.mok.qdq_mxfp8_gather(x, plan.src_of_row, None, K, plan.offsets, True, True)
+    want = common.with_env("MOK_QUANT_GATHER_BAND", "0", qdq)(0) if dev.type == "cuda" else None
+    for band in GATHER_BANDS if dev.type == "cuda" else ("default",):
+        fn = qdq if band == "default" else common.with_env("MOK_QUANT_GATHER_BAND", band, qdq)
+        same = want is None or all(torch.equal(u.view(torch.int16), v.view(torch.int16)) for u, v in zip(fn(0), want))
+        t = common.bench(fn, dev, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2)
+        tbps = 6 * M * N / t["median_ms"] / 1e9
+        impl = f"qdq mxfp8 gather rows+cols band {band}" + ("" if same else " (OUTPUTS DIFFER)")
+        out.append(dict(shape=name, impl=impl, M=M, N=N, ms=t["median_ms"], tbps=tbps, vs_copy=tbps / copy_tbps))
+    return out
 
 
 def main(argv=None):
@@ -81,6 +128,8 @@ def main(argv=None):
             tbps = nbytes / t["median_ms"] / 1e9
             rows.append(dict(shape=name, impl=f"rowcol mn cols {col}", M=M, N=N, ms=t["median_ms"], tbps=tbps,
                              vs_copy=tbps / copy_tbps))
+        if name in GATHERS:
+            rows += gathered_rows(name, N, GATHERS[name], dev, args, copy_tbps)
         # MXFP8 quantise-dequantise (the recipe="mxfp8" path): bf16 in, bf16 MXFP8-rounded copies out
         offsets = torch.tensor([0, M], dtype=torch.int32, device=dev)
         qdq = {"qdq mxfp8 rows": (lambda _i: mok.fp8.qdq_mxfp8(x), 4 * M * N),
@@ -97,7 +146,9 @@ def main(argv=None):
                          ["TB/s = (bf16 input + E4M3 codes + scales) bytes / time; copy: 2 x input bytes.",
                           "rowcol: input + both code copies + both scale tensors; unfused: the same bytes, "
                           "two quantisations and a transpose.",
-                          "qdq mxfp8: bf16 input + bf16 output(s) (rows: 4 bytes per element, rows+cols: 6)."])
+                          "qdq mxfp8: bf16 input + bf16 output(s) (rows: 4 bytes per element, rows+cols: 6).",
+                          "rowcol gather: rows of x [T, N] through a top-k plan (M = its rows); bytes as rowcol of "
+                          "the gathered [M, N]; band: MOK_QUANT_GATHER_BAND (0: tiles row-major)."])
 
 
 if __name__ == "__main__":

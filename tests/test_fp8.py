@@ -246,10 +246,11 @@ def test_cuda_rowcol_strip_kernel_matches_the_c_core(monkeypatch, recipe, strip)
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("recipe", ROWCOL_RECIPES)
-def test_rowcol_gather_gives_the_rowcol_of_the_gathered_rows(device, recipe):
+def test_rowcol_gather_gives_the_rowcol_of_the_gathered_rows(device, recipe, monkeypatch):
     # torch.ops.mok.quantize_fp8_rowcol_gather(x, src, w, K) = quantize_rowcol(gather_rows(x, src, w, K)),
     # bit for bit, with and without w: padding rows, K = 1, T = 1, R = 0, ragged R and N (N % 8 != 0:
-    # element-wise loads), rows repeated, bf16 (the CUDA kernel) and fp32 (the composition).
+    # element-wise loads), rows repeated, bf16 (the CUDA kernel) and fp32 (the composition). On CUDA for
+    # each walk of the tiles too (MOK_QUANT_GATHER_BAND: row-major, bands of 1 and 3 tile columns, v51).
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
     for T, K, R, N, dtype in [(1, 1, 1, 8, torch.bfloat16), (7, 1, 130, 264, torch.bfloat16),
                               (40, 8, 300, 77, torch.bfloat16), (300, 2, 1000, 1000, torch.bfloat16),
@@ -258,12 +259,14 @@ def test_rowcol_gather_gives_the_rowcol_of_the_gathered_rows(device, recipe):
         x = _inputs_with_edge_blocks((T, N), dtype).to(device)
         src, w = make_gather_case(T, K, R, device, gen)
         for wt in (None, w):
-            got = torch.ops.mok.quantize_fp8_rowcol_gather(x, src, wt, K, recipe)
             want = mok.fp8.quantize_rowcol(torch.ops.mok.gather_rows(x, src, wt, K), recipe)
-            for name, u, v in zip(("q", "scales", "qt", "scales_t"), got, want):
-                assert u.shape == v.shape and u.dtype == v.dtype, (name, u.shape, v.shape)
-                assert torch.equal(u.view(torch.uint8), v.view(torch.uint8)), \
-                    f"T={T} K={K} R={R} N={N} weighted={wt is not None}: {name}"
+            for band in ("", "0", "1", "3") if device == "cuda" else ("",):
+                monkeypatch.setenv("MOK_QUANT_GATHER_BAND", band)
+                got = torch.ops.mok.quantize_fp8_rowcol_gather(x, src, wt, K, recipe)
+                for name, u, v in zip(("q", "scales", "qt", "scales_t"), got, want):
+                    assert u.shape == v.shape and u.dtype == v.dtype, (name, u.shape, v.shape)
+                    assert torch.equal(u.view(torch.uint8), v.view(torch.uint8)), \
+                        f"T={T} K={K} R={R} N={N} weighted={wt is not None} band={band!r}: {name}"
 
 
 @pytest.mark.parametrize("device", DEVICES)

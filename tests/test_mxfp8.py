@@ -218,12 +218,14 @@ def test_qdq_under_compile():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_qdq_gather_gives_the_qdq_of_the_gathered_rows(device):
+def test_qdq_gather_gives_the_qdq_of_the_gathered_rows(device, monkeypatch):
     # ops.qdq_mxfp8_gather(x, src, w, K, offsets, rows, cols) = qdq_mxfp8(gather_rows(x, src, w, K), offsets,
     # rows, cols) bit for bit, with and without w and offsets, every choice of copies: padding rows,
     # K = 1, T = 1, M = 0 rows, ragged M and N (N % 8 != 0: element-wise loads), an empty expert, a
-    # segment ending at M (a partial last block).
+    # segment ending at M (a partial last block). On CUDA for each walk of the warp tiles too
+    # (MOK_QUANT_GATHER_BAND, in 128-column bands: row-major, 1 and 3; v51).
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
+    bands = ("", "0", "1", "3") if device == "cuda" else ("",)
     for T, K, M, N in [(1, 1, 1, 8), (7, 1, 130, 264), (40, 8, 300, 77), (300, 2, 1000, 1000), (513, 8, 4100, 2048),
                        (20, 4, 0, 128)]:
         x = _edge_inputs(T, N).to(device)
@@ -233,12 +235,15 @@ def test_qdq_gather_gives_the_qdq_of_the_gathered_rows(device):
             gathered = ops.gather_rows(x, src, wt, K)
             for offsets in (None, off):
                 for rows, cols in ((True, True), (True, False), (False, True)):
-                    got = ops.qdq_mxfp8_gather(x, src, wt, K, offsets, rows, cols)
                     want = ops.qdq_mxfp8(gathered, offsets, rows, cols)
-                    for u, v in zip(got, want):
-                        assert u.shape == v.shape, (u.shape, v.shape)
-                        assert torch.equal(u.view(torch.int16), v.view(torch.int16)), \
-                            f"T={T} K={K} M={M} N={N} weighted={wt is not None} offsets={offsets is not None} {rows} {cols}"
+                    for band in bands:
+                        monkeypatch.setenv("MOK_QUANT_GATHER_BAND", band)
+                        got = ops.qdq_mxfp8_gather(x, src, wt, K, offsets, rows, cols)
+                        for u, v in zip(got, want):
+                            assert u.shape == v.shape, (u.shape, v.shape)
+                            assert torch.equal(u.view(torch.int16), v.view(torch.int16)), \
+                                f"T={T} K={K} M={M} N={N} weighted={wt is not None} offsets={offsets is not None} " \
+                                f"{rows} {cols} band={band!r}"
     if device == "cuda":
         mok.check_errors(synchronize=True)
 

@@ -57,6 +57,8 @@ extern "C" int mok_qdq_mxfp8_cuda(const struct mok_qdq_mxfp8_args* a, cudaStream
     p.gather.w = a->w;
     p.gather.src_limit = a->src_of_row != NULL ? a->T * a->K : 0;
     p.gather.top_k = a->src_of_row != NULL ? (int)a->K : 1;
+    const int band = 2 * mok_gather_band(); /* 128-column bands: two 64-column warp tiles */
+    p.col_band = band > 0 && band < p.tiles_n ? band : p.tiles_n;
     /* 16-byte loads and stores: rows of 8k elements, 16-byte aligned pointers */
     const bool vec = a->N % 8 == 0 && mok_aligned16(a->x, a->rows, a->cols);
     const unsigned grid = (unsigned)mok_ceil_div(p.tiles, kWarps);

@@ -270,6 +270,8 @@ extern "C" int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol
         t.gather.w = a->w;
         t.gather.src_limit = a->T * a->K;
         t.gather.top_k = (int)a->K;
+        const int band = mok_gather_band(); /* in 128-column tile columns */
+        t.col_band = band > 0 && band < t.nbn ? band : t.nbn; /* 0 or wider than the grid: row-major */
         if (mx) quantize_rowcol_bf16_kernel<32, true, true><<<(unsigned)tiles, kThreads, 0, stream>>>(t);
         else quantize_rowcol_bf16_kernel<128, false, true><<<(unsigned)tiles, kThreads, 0, stream>>>(t);
         return mok_launch_status();

@@ -196,7 +196,7 @@ uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(mok_from_acc<__nv_bflo
  * w[src[m]], rounded to bf16, when weighted), a zero row where src[m] is outside [0, T * K) (padding -1,
  * and entries past the end, as gather_rows on CUDA). */
 void run_gather_case(Rng& rng, Recipe r, int64_t T, int64_t K, int64_t M, int64_t N, int offset,
-                     bool weighted = false, bool col_tile = false) {
+                     bool weighted = false, bool col_tile = false, int band = 0) {
     using namespace mok_qtile;
     const std::vector<uint16_t> x = make_input(rng, T, N);
     std::vector<uint16_t> buf(x.size() + 8);
@@ -224,9 +224,12 @@ void run_gather_case(Rng& rng, Recipe r, int64_t T, int64_t K, int64_t M, int64_
     a.gather.w = weighted ? w.data() : nullptr;
     a.gather.src_limit = T * K;
     a.gather.top_k = (int)K;
-    char label[180];
-    snprintf(label, sizeof label, "rowcol gather %s T=%lld K=%lld M=%lld N=%lld offset=%d vec=%d weighted=%d col_tile=%d",
-             name_of(r), (long long)T, (long long)K, (long long)M, (long long)N, offset, a.vec, weighted, col_tile);
+    if (band > 0) a.col_band = band; /* else tile_args_of's row-major walk */
+    char label[200];
+    snprintf(label, sizeof label,
+             "rowcol gather %s T=%lld K=%lld M=%lld N=%lld offset=%d vec=%d weighted=%d col_tile=%d band=%d",
+             name_of(r), (long long)T, (long long)K, (long long)M, (long long)N, offset, a.vec, weighted, col_tile,
+             band);
     const bool ok = launched(label, (unsigned)tile_count(M, N), [&] {
         if (r == kMx) quantize_rowcol_bf16_kernel<32, true, true>(a);
         else quantize_rowcol_bf16_kernel<128, false, true>(a);
@@ -329,7 +332,15 @@ int main(int argc, char** argv) {
         run_gather_case(rng, r, 50, 4, 260, 136, 1);
         run_gather_case(rng, r, 37, 8, 300, 264, 0, true);
         run_gather_case(rng, r, 50, 4, 260, 136, 1, true);
+        /* the tiles walked in bands of tile columns (v51): one band, full bands, a narrower last band
+         * (N = 264: 3 tile columns), a band wider than the grid */
+        for (int band : {1, 2, 3, 8}) {
+            run_gather_case(rng, r, 37, 8, 300, 264, 0, false, false, band);
+            run_gather_case(rng, r, 50, 4, 260, 136, 1, true, false, band);
+        }
+        run_gather_case(rng, r, 1, 1, 1, 8, 0, false, false, 2);
     }
+    run_gather_case(rng, k1x128, 37, 8, 300, 264, 0, true, true, 2);
     /* unaligned x (element-wise loads) */
     run_case(rng, k1x128, false, 40, 256, 1);
     run_case(rng, kMx, true, 40, 256, 3);

@@ -27,6 +27,21 @@ static inline bool env_equals(const char* name, const char* value) {
     return env && strcmp(env, value) == 0;
 }
 
+/* Width, in 128-column tile columns, of the bands in which the quantisers of gathered rows walk their
+ * tiles (each band down all rows before the next, so that the L2 keeps the band's columns of x for the
+ * top_k row tiles that read each token; 0: row-major over the whole grid). Performance log v51.
+ * MOK_QUANT_GATHER_BAND=0 .. 64 forces a width (read on every call, so that one process can compare). */
+enum { kGatherBandDefault = 0 };
+static inline int mok_gather_band(void) {
+    const char* env = getenv("MOK_QUANT_GATHER_BAND");
+    if (env != NULL && *env != 0) {
+        char* end = NULL;
+        const long v = strtol(env, &end, 10);
+        if (*end == 0 && v >= 0 && v <= 64) return (int)v;
+    }
+    return kGatherBandDefault;
+}
+
 /* Largest value any int32 index tensor of mok can hold. */
 #define MOK_INT32_LIMIT ((int64_t)2147483647)
 

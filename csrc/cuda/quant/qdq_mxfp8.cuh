@@ -70,6 +70,9 @@ struct params {
     int32_t* error_flag;    /* host-mapped error word or NULL */
     int tiles_n;            /* warp tiles along N */
     int tiles;              /* warp tiles in all */
+    int col_band;           /* kGather kernels: the warp tiles walk in bands of col_band (>= 1) tile columns,
+                             * each band down all of M before the next (as quantize_bf16_tile.cuh's
+                             * tile_thread_banded; v51); tiles_n: row-major */
     /* kernels built with kGather only: row m of the [M, N] input is row gather.src[m] / top_k of x [T, N]
      * (times gather.w[src[m]] when set), a zero row for padding (quant/gathered_block.cuh) */
     mok_gathered::rows_of_plan gather;
@@ -217,7 +220,17 @@ __global__ void __launch_bounds__(kThreads) qdq_mxfp8_kernel(const params p) {
     int tile = (int)blockIdx.x * kWarps + (int)threadIdx.x / 32;
     const bool live = tile < p.tiles;
     tile = live ? tile : 0;
-    const int tm = tile / p.tiles_n, tn = tile - tm * p.tiles_n;
+    int tm, tn;
+    if constexpr (kGather) {
+        const int band_tiles = (p.tiles / p.tiles_n) * p.col_band;
+        const int band = tile / band_tiles, in_band = tile - band * band_tiles, first = band * p.col_band;
+        const int width = p.tiles_n - first < p.col_band ? p.tiles_n - first : p.col_band;
+        tm = in_band / width;
+        tn = first + (in_band - tm * width);
+    } else {
+        tm = tile / p.tiles_n;
+        tn = tile - tm * p.tiles_n;
+    }
     const int64_t row0 = (int64_t)tm * kTileRows;
     piece t;
     t.r = row0 + 8 * (lane / 8);
