@@ -31,7 +31,7 @@ static inline bool env_equals(const char* name, const char* value) {
  * tiles (each band down all rows before the next, so that the L2 keeps the band's columns of x for the
  * top_k row tiles that read each token; 0: row-major over the whole grid). Performance log v51.
  * MOK_QUANT_GATHER_BAND=0 .. 64 forces a width (read on every call, so that one process can compare). */
-enum { kGatherBandDefault = 0 };
+enum { kGatherBandDefault = 1 }; /* v51: fastest of 0, 1, 2, 4, 8 on every gathered pass measured */
 static inline int mok_gather_band(void) {
     const char* env = getenv("MOK_QUANT_GATHER_BAND");
     if (env != NULL && *env != 0) {
