@@ -5,7 +5,9 @@ forward GEMMs, BF16 backward; H and I multiples of 128), 'mok_fp8_dgrad' the sam
 GEMMs of the backward in FP8 too, 'mok_fp8_all' with the two weight-gradient GEMMs in FP8 as well
 (fp8_dgrad=True, fp8_wgrad=True: every expert GEMM in FP8), 'mok_fp8_all_tiled' the same with
 fp8_wgrad="tiled" (the activations' column-wise copies in 128 x 128 tiles, v50: the weight gradients'
-cheaper promotion), 'mok_fp8_all_bf16_gather' the same with
+cheaper promotion); both as one autograd node from x to y by default (SwiGLU with its result's FP8
+copies in one kernel both ways, v52), 'mok_fp8_all_3nodes' and 'mok_fp8_all_tiled_3nodes' the same as
+three nodes (mok._fp8_experts.FUSED_MLP_COMBINE=False; same bits); 'mok_fp8_all_bf16_gather' the same with
 x_rows' and d_rows' FP8 copies made from the bf16 gathers instead of straight from x and dy
 (GATHER_QUANT=False, v45/v46; same bits), 'mok_fp8_all_fused' the same with the
 forward's GEMM1 as the fused SwiGLU GEMM instead of the plain FP8 GEMM then the SwiGLU op (same bits),
@@ -62,7 +64,8 @@ QUICK_SHAPES = {
 ROUTINGS = ("balanced", "skewed")
 ZIPF_EXPONENT = 1.2
 # eager first: the reference for errors and ratios
-IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_fp8_all_tiled", "mok_fp8_all_bf16_gather",
+IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_fp8_all_tiled", "mok_fp8_all_3nodes",
+         "mok_fp8_all_tiled_3nodes", "mok_fp8_all_bf16_gather",
          "mok_fp8_all_fused", "mok_fp8_dgrad_swq", "mok_fp8_all_swq", "mok_fp8_all_swq_fwd",
          "mok_mxfp8", "mok_mxfp8_bf16_gather", "compiled", "naive")
 NAIVE_MAX_S = 1.0  # --naive auto: time the naive loop only if one fwd+bwd takes less than this
@@ -308,8 +311,10 @@ def _fused_gate_up(fn):
 
 def _swiglu_quant(fn, backward=True):
     """fn with the opt-in one-node path: SwiGLU fused with the quantisation of act (forward) and, with
-    backward, of d_h (mok._fp8_experts.FUSED_SWIGLU_QUANT(_BACKWARD); v39; the same bits)."""
-    return _with_setting(_with_setting(fn, "FUSED_SWIGLU_QUANT_BACKWARD", backward), "FUSED_SWIGLU_QUANT", True)
+    backward, of d_h (mok._fp8_experts.FUSED_SWIGLU_QUANT(_BACKWARD); v39; the same bits). With
+    FUSED_MLP_COMBINE off: that node would take the all-FP8 path first."""
+    fn = _with_setting(_with_setting(fn, "FUSED_SWIGLU_QUANT_BACKWARD", backward), "FUSED_SWIGLU_QUANT", True)
+    return _with_setting(fn, "FUSED_MLP_COMBINE", False)
 
 
 def impl_table(dev, compiled=False):
@@ -322,6 +327,12 @@ def impl_table(dev, compiled=False):
                                               fp8_wgrad=True),
              "mok_fp8_all_tiled": functools.partial(mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True,
                                                     fp8_wgrad="tiled"),
+             "mok_fp8_all_3nodes": _with_setting(functools.partial(
+                 mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True), "FUSED_MLP_COMBINE",
+                 False),
+             "mok_fp8_all_tiled_3nodes": _with_setting(functools.partial(
+                 mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad="tiled"),
+                 "FUSED_MLP_COMBINE", False),
              "mok_fp8_all_bf16_gather": _with_setting(functools.partial(
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True), "GATHER_QUANT", False),
              "mok_fp8_all_fused": _fused_gate_up(functools.partial(

@@ -106,6 +106,13 @@ FUSED_GATE_UP = False
 FUSED_SWIGLU_QUANT = False
 FUSED_SWIGLU_QUANT_BACKWARD = True
 
+# Every GEMM in FP8 with both weight gradients (fp8_dgrad and fp8_wgrad, GATHER_QUANT): True (default),
+# one node from x to y (_Fp8MlpCombine): x_rows' and d_rows' FP8 copies straight from x and dy (v45, v46)
+# and SwiGLU with its result's two FP8 copies in one kernel both ways (v39's swiglu_quantize_fp8, with
+# the column-wise copies in the layout and tiles the weight gradients read, v52): no bf16 act or d_h is
+# written. False: the three nodes. The same bits either way. Performance log v52.
+FUSED_MLP_COMBINE = True
+
 # With fp8_wgrad, x_rows is needed only as its two FP8 copies, and with fp8_dgrad too, so is d_rows
 # (the weighted gather of dy in mok::combine's backward). True: their copies straight from x and dy by
 # the plan (torch.ops.mok.quantize_fp8_rowcol_gather: each gathered row read once, the bf16 x_rows and
@@ -326,17 +333,70 @@ class _Fp8DownCombine(torch.autograd.Function):
         down, w, offsets, row_of, src_of_row, rows, wt_q, wt_s, at_q, at_s = ctx.saved_tensors
         if dy is None:
             return (None,) * 11
-        dy = dy.contiguous()
-        need_a, need_down, need_w = ctx.needs_input_grad[:3]
-        top_k = row_of.shape[1]
-        d_w = ops.combine_weight_grad(dy, rows, row_of) if need_w else None
-        d_rows = codes = None
-        if need_a and need_down:
-            codes = _rowcol_of_gathered(dy, src_of_row, w, top_k)
-        elif need_a or need_down:
-            d_rows = ops.gather_rows(dy, src_of_row, w, top_k)
-        d_act, d_down = _down_backward(d_rows, None, down, offsets, wt_q, wt_s, at_q, at_s, need_a, need_down, codes)
+        d_act, d_down, d_w = _down_combine_backward(dy, down, w, offsets, row_of, src_of_row, rows, wt_q, wt_s, at_q,
+                                                    at_s, *ctx.needs_input_grad[:3])
         return (d_act, d_down, d_w) + (None,) * 8
+
+
+def _down_combine_backward(dy, down, w, offsets, row_of, src_of_row, rows, wt_q, wt_s, at_q, at_s, need_a, need_down,
+                           need_w):
+    """(d_act, d_down, d_w) of y = combine(act @ down[e]^T, w), None where not needed: d_w over the saved
+    rows, d_rows' FP8 copies straight from dy when both GEMMs need them (else its bf16 gather)."""
+    dy = dy.contiguous()
+    top_k = row_of.shape[1]
+    d_w = ops.combine_weight_grad(dy, rows, row_of) if need_w else None
+    d_rows = codes = None
+    if need_a and need_down:
+        codes = _rowcol_of_gathered(dy, src_of_row, w, top_k)
+    elif need_a or need_down:
+        d_rows = ops.gather_rows(dy, src_of_row, w, top_k)
+    d_act, d_down = _down_backward(d_rows, None, down, offsets, wt_q, wt_s, at_q, at_s, need_a, need_down, codes)
+    return d_act, d_down, d_w
+
+
+class _Fp8MlpCombine(torch.autograd.Function):
+    """y = combine(FP8GEMM2(q(SwiGLU(FP8GEMM1(q(x_rows))))), w) as one node, for every GEMM in FP8 with both
+    weight gradients (FUSED_MLP_COMBINE): x_rows' two FP8 copies straight from x, act's two from h in the
+    SwiGLU kernel (the column-wise one in col_recipe's blocks, scales MN-major: the weight gradient's
+    operand), GEMM2 and the combine; the backward d_rows' copies straight from dy (as _Fp8DownCombine),
+    the two GEMM2 gradients, then d_h's copies from h and d_act in the SwiGLU-backward kernel, and the
+    two GEMM1 gradients. No bf16 x_rows, act, d_rows or d_h is written. Gradients bit for bit those of
+    the three nodes (_Fp8GateUp, _SwiGLUOf, _Fp8DownCombine)."""
+
+    @staticmethod
+    def forward(ctx, x, gate_up, down, w, src_of_row, row_of, top_k, offsets, w1_q, w1_s, w2_q, w2_s, w1t_q, w1t_s,
+                w2t_q, w2t_s, col_recipe):
+        (x_q, x_s), (xt_q, xt_s) = _rowcol_of_gathered(x, src_of_row, None, top_k, col_recipe)
+        h = ops.grouped_mm_fp8(x_q, x_s, w1_q, w1_s, offsets)
+        del x_q, x_s  # x_rows' row-wise codes: GEMM1's alone
+        _, a_q, a_s, at_q, at_s = ops.swiglu_quantize_fp8(h, None, True, True, False, True, col_recipe)
+        rows = ops.grouped_mm_fp8(a_q, a_s, w2_q, w2_s, offsets)
+        del a_q, a_s
+        ctx.save_for_backward(down, w, src_of_row, row_of, offsets, h, rows, w1t_q, w1t_s, w2t_q, w2t_s, xt_q, xt_s,
+                              at_q, at_s)
+        ctx.set_materialize_grads(False)
+        return ops.combine(rows, row_of, src_of_row, w)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (down, w, src_of_row, row_of, offsets, h, rows, w1t_q, w1t_s, w2t_q, w2t_s, xt_q, xt_s, at_q,
+         at_s) = ctx.saved_tensors
+        none = (None,) * 17
+        if dy is None:
+            return none
+        need_x, need_w1, need_w2, need_w = ctx.needs_input_grad[:4]
+        need_h = need_x or need_w1
+        d_act, d_down, d_w = _down_combine_backward(dy, down, w, offsets, row_of, src_of_row, rows, w2t_q, w2t_s,
+                                                    at_q, at_s, need_h, need_w2, need_w)
+        d_x = d_gate_up = None
+        if need_h:
+            _, dq, ds, dqt, dst = ops.swiglu_quantize_fp8(h, d_act, need_x, need_w1, False, True, None)
+            del d_act
+            if need_x:
+                d_x = ops.combine(ops.grouped_mm_fp8(dq, ds, w1t_q, w1t_s, offsets), row_of, src_of_row, None)
+            if need_w1:
+                d_gate_up = ops.grouped_mm_fp8_wgrad(dqt, dst, xt_q, xt_s, offsets)  # [E, 2I, H]
+        return (d_x, d_gate_up, d_down, d_w) + none[4:]
 
 
 class _Fp8Mlp(torch.autograd.Function):
@@ -431,6 +491,10 @@ def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj, fp8_dgrad
     # column-wise copies of x_rows and act only where a weight gradient will be taken
     wgrad1 = bool(fp8_wgrad and grad and gate_up_proj.requires_grad)
     wgrad2 = bool(fp8_wgrad and grad and down_proj.requires_grad)
+    if FUSED_MLP_COMBINE and GATHER_QUANT and not FUSED_GATE_UP and wgrad1 and wgrad2 and w1t_q is not None:
+        return _Fp8MlpCombine.apply(x, gate_up_proj, down_proj, topk_w.to(acc).contiguous(), plan.src_of_row,
+                                    plan.row_of, top_k, plan.offsets, w1_q, w1_s, w2_q, w2_s, w1t_q, w1t_s, w2t_q,
+                                    w2t_s, wgrad_act_col_recipe(fp8_wgrad))
     # (the one-node path's SwiGLU kernel quantises act 1 x 128 both ways: "tiled" takes the three nodes)
     if FUSED_SWIGLU_QUANT and not FUSED_GATE_UP and fp8_wgrad != "tiled":
         keep_act = bool(grad and down_proj.requires_grad)  # the BF16 d_down reads act

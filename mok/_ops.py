@@ -169,17 +169,21 @@ def _quantize_fp8_rowcol_gather_fake(x, src_of_row, w, top_k, recipe, scales_t_m
 
 
 @torch.library.register_fake("mok::swiglu_quantize_fp8")
-def _swiglu_quantize_fp8_fake(h, d_act, rows, cols, keep):
+def _swiglu_quantize_fp8_fake(h, d_act, rows, cols, keep, scales_t_mn_major=False, col_recipe=None):
     if not (rows or cols):
         raise ValueError("mok.swiglu_quantize_fp8: rows and cols are both false: nothing to quantise")
+    col = _col_recipe_of("blockwise_1x128", col_recipe, "mok.swiglu_quantize_fp8")
     R, N = h.shape[0], h.shape[1] if d_act is not None else h.shape[1] // 2
     codes, f32 = torch.float8_e4m3fn, torch.float32
+    st_shape = fp8_scale_shape(col, N, R)
+    if scales_t_mn_major:
+        st_shape = st_shape[::-1]
     return (
         h.new_empty((R, N) if keep else (0,)),
         h.new_empty((R, N) if rows else (0,), dtype=codes),
         h.new_empty(fp8_scale_shape("blockwise_1x128", R, N) if rows else (0,), dtype=f32),
         h.new_empty((N, R) if cols else (0,), dtype=codes),
-        h.new_empty(fp8_scale_shape("blockwise_1x128", N, R) if cols else (0,), dtype=f32),
+        h.new_empty(st_shape if cols else (0,), dtype=f32),
     )
 
 

@@ -161,10 +161,45 @@ def test_fused_swiglu_quant_node_and_three_nodes_give_the_same_bits(monkeypatch,
     # (opt-in); y and every gradient must be bitwise the same, whichever inputs want a gradient (each
     # option writes different bf16 copies and codes).
     inputs, wants = _inputs_wanting(case, device, needs)
-    settings = [dict(FUSED_SWIGLU_QUANT=f, FUSED_SWIGLU_QUANT_BACKWARD=b)
+    settings = [dict(FUSED_SWIGLU_QUANT=f, FUSED_SWIGLU_QUANT_BACKWARD=b, FUSED_MLP_COMBINE=False)
                 for f, b in ((True, True), (True, False), (False, False))]
     _assert_same_bits_under_settings(monkeypatch, case, inputs, wants, settings, fp8_dgrad=fp8_dgrad,
                                      fp8_wgrad=fp8_wgrad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES[1:5], ids=str)
+@pytest.mark.parametrize("fp8_wgrad", [True, "tiled"])
+@pytest.mark.parametrize("needs", ["all", "no_x", "down_only", "x_only", "w_only"])
+def test_mlp_combine_node_and_three_nodes_give_the_same_bits(monkeypatch, device, case, fp8_wgrad, needs):
+    # FUSED_MLP_COMBINE (every GEMM in FP8, v52): one node from x to y (True, the default: SwiGLU with its
+    # result's FP8 copies in one kernel both ways, the column-wise ones in fp8_wgrad's blocks) or the three
+    # nodes (False); y and every gradient bitwise the same, whichever inputs want a gradient (the one node
+    # is taken only when both weights want one: "down_only" and "x_only" check the fallback).
+    inputs, wants = _inputs_wanting(case, device, needs)
+    _assert_same_bits_under_settings(monkeypatch, case, inputs, wants,
+                                     [dict(FUSED_MLP_COMBINE=True), dict(FUSED_MLP_COMBINE=False)], fp8_dgrad=True,
+                                     fp8_wgrad=fp8_wgrad)
+
+
+def test_mlp_combine_node_is_taken_with_every_gemm_in_fp8(monkeypatch):
+    # the one node runs exactly when FUSED_MLP_COMBINE, fp8_dgrad and fp8_wgrad hold and both weights
+    # want a gradient (a spy on its forward), so that the bitwise test above compares two paths
+    case = CASES[2]
+    calls = []
+    real = mok._fp8_experts._Fp8MlpCombine.forward
+
+    def spy(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(mok._fp8_experts._Fp8MlpCombine, "forward", staticmethod(spy))
+    for needs, fused, want in (("all", True, 1), ("all", False, 0), ("down_only", True, 0)):
+        calls.clear()
+        monkeypatch.setattr(mok._fp8_experts, "FUSED_MLP_COMBINE", fused)
+        inputs, _ = _inputs_wanting(case, "cpu", needs)
+        mok.functional.moe_experts(*inputs, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True)
+        assert len(calls) == want, (needs, fused)
 
 
 @pytest.mark.parametrize("device", DEVICES)

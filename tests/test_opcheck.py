@@ -59,7 +59,10 @@ def op_cases(device):
                                 (torch.randn(130, 256, device=device, dtype=torch.bfloat16),
                                  torch.randn(130, 128, device=device, dtype=torch.bfloat16), True, False, True),
                                 (torch.randn(9, 80, device=device), torch.randn(9, 40, device=device), False, True,
-                                 True)],
+                                 True),
+                                (torch.randn(130, 512, device=device, dtype=torch.bfloat16),
+                                 torch.randn(130, 256, device=device, dtype=torch.bfloat16), True, True, False, True,
+                                 "blockwise_128x128")],
         "grouped_mm_fp8": [fp8_gemm_case(device)],
         "grouped_mm_fp8_swiglu": [fp8_gemm_case(device)],  # b's 256 rows: [gate | up] of I = 128
         "grouped_mm_fp8_wgrad": [fp8_wgrad_case(device)],

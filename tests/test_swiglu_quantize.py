@@ -74,6 +74,31 @@ def test_matches_the_composition_bit_for_bit(device, R, I, backward, special):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_column_copy_layouts_match_the_rowcol_op(device, backward):
+    # scales_t_mn_major and col_recipe="blockwise_128x128" (v52, the layer's fp8_wgrad="tiled"): the
+    # column-wise half is quantize_fp8_rowcol(y, ..., scales_t_mn_major, col_recipe)'s bit for bit (its
+    # kernel shares the tile code), the row-wise half unchanged; ragged R, one and several column tiles.
+    for R, I in [(1, 128), (200, 384), (515, 128), (256, 256)]:
+        h = make_h(R, I, device, True)
+        d_act = (torch.randn(R, I, device=device) * 2).to(torch.bfloat16) if backward else None
+        y = ops.swiglu(h) if d_act is None else ops.swiglu_backward(h, d_act)
+        for mn in (False, True):
+            for col in (None, "blockwise_1x128", "blockwise_128x128"):
+                q, s, qt, st = ops.quantize_fp8_rowcol(y, RECIPE, mn, col)
+                for rows, keep in ((True, False), (False, True)):
+                    out = ops.swiglu_quantize_fp8(h, d_act, rows, True, keep, mn, col)
+                    what = f"R={R} I={I} backward={backward} mn={mn} col={col} rows={rows}"
+                    assert same_bits(out[3], qt) and same_bits(out[4], st), f"{what}: column-wise copy"
+                    if rows:
+                        assert same_bits(out[1], q) and same_bits(out[2], s), f"{what}: row-wise copy"
+                    if keep:
+                        assert same_bits(out[0], y), f"{what}: out"
+    with pytest.raises(ValueError, match="col_recipe"):
+        ops.swiglu_quantize_fp8(h, d_act, True, True, False, False, "mxfp8")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_other_widths_and_dtypes_take_the_composition(device):
     # I % 128 != 0 and float32: the composition on every device (the kernel needs whole 128-column blocks)
     for h in (torch.randn(33, 80, device=device, dtype=torch.bfloat16), torch.randn(9, 256, device=device)):

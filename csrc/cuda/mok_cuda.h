@@ -226,7 +226,10 @@ struct mok_swiglu_quantize_fp8_args {
     uint8_t* q;        /* [R, N] (N = I forward, 2I backward), or NULL */
     float* scales;     /* [R, N / 128] */
     uint8_t* qt;       /* [N, R], or NULL */
-    float* scales_t;   /* [N, ceil(R / 128)] */
+    float* scales_t;   /* [N, ceil(R / 128)]; col_tile: [ceil(N / 128), ceil(R / 128)]; transposed when
+                        * scales_t_mn_major */
+    int scales_t_mn_major; /* the FP8 weight gradient's operand layout, written by the kernel */
+    int col_tile;          /* the column-wise copy in 128 x 128 blocks (quantize(y^T, "blockwise_128x128")) */
 };
 int mok_swiglu_quantize_fp8_cuda(const struct mok_swiglu_quantize_fp8_args* args, cudaStream_t stream);
 

@@ -42,7 +42,9 @@ extern "C" int mok_swiglu_quantize_fp8_cuda(const struct mok_swiglu_quantize_fp8
     const int64_t N = backward ? 2 * a->I : a->I;
     const int64_t tiles = tile_count(a->R, N); /* of the output */
     MOK_CHECK_ARG(tiles <= MOK_INT32_LIMIT);
-    const tile_args t = tile_args_of(NULL, a->R, N, a->q, a->scales, a->qt, a->scales_t);
+    tile_args t = tile_args_of(NULL, a->R, N, a->q, a->scales, a->qt, a->scales_t);
+    t.scales_t_mn = a->scales_t_mn_major != 0;
+    t.col_tile = a->col_tile != 0;
     swiglu_tile_args sw;
     sw.h = static_cast<const __nv_bfloat16*>(a->h);
     sw.d_act = static_cast<const __nv_bfloat16*>(a->d_act);

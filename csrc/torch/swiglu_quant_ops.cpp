@@ -2,12 +2,15 @@
 // blockwise 1 x 128 in the same op, for the FP8 layer (mok/_fp8_experts.py), which quantises act in
 // the forward and d_h in the backward as soon as they exist:
 //
-//   swiglu_quantize_fp8(h [R, 2I], d_act [R, I]?, rows, cols, keep)
+//   swiglu_quantize_fp8(h [R, 2I], d_act [R, I]?, rows, cols, keep, scales_t_mn_major=False, col_recipe=None)
 //     -> (out, q, scales, qt, scales_t)
 //   y = swiglu(h) [R, I] or swiglu_backward(h, d_act) [R, 2I] (N columns);
 //   (q [R, N] e4m3, scales [R, N / 128] f32)            = quantize_fp8(y, "blockwise_1x128")      if rows
-//   (qt [N, R] e4m3, scales_t [N, ceil(R / 128)] f32)   = quantize_fp8(y^T, "blockwise_1x128")    if cols
-//   out = y if keep. What is not asked for comes back as an empty tensor of its dtype.
+//   (qt [N, R] e4m3, scales_t [N, ceil(R / 128)] f32)   = quantize_fp8(y^T, col_recipe)          if cols
+//   out = y if keep. What is not asked for comes back as an empty tensor of its dtype. col_recipe
+//   "blockwise_128x128" (v52) makes the column-wise copy in 128 x 128 tiles (fp8_wgrad="tiled"),
+//   scales_t_mn_major gives scales_t transposed: exactly quantize_fp8_rowcol(y, ..., scales_t_mn_major,
+//   col_recipe)'s column-wise half.
 //
 // It is that composition by definition, and on the CPU and for other dtypes or shapes it runs that
 // way (the ops through the dispatcher). CUDA bf16 with I % 128 == 0 takes one kernel
@@ -15,6 +18,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <string>
 #include <tuple>
 
 #ifdef MOK_WITH_CUDA
@@ -52,24 +56,36 @@ std::tuple<at::Tensor, at::Tensor> call_quantize(const at::Tensor& x) {
     return op.call(x, kRecipe);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_quantize_rowcol(const at::Tensor& x) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_quantize_rowcol(
+    const at::Tensor& x, bool mn_major, const c10::optional<c10::string_view>& col_recipe) {
     static auto op =
         c10::Dispatcher::singleton()
             .findSchemaOrThrow("mok::quantize_fp8_rowcol", "")
             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
                 const at::Tensor&, c10::string_view, bool, const c10::optional<c10::string_view>&)>();
-    return op.call(x, kRecipe, false, c10::nullopt);
+    return op.call(x, kRecipe, mn_major, col_recipe);
+}
+
+// The column-wise copy in 128 x 128 tiles: col_recipe "blockwise_128x128"; the recipe itself (or none)
+// keeps 1 x 128 blocks; anything else is an error naming the argument.
+bool col_tiles_of(const c10::optional<c10::string_view>& col_recipe, const char* op) {
+    if (!col_recipe.has_value() || *col_recipe == kRecipe) return false;
+    TORCH_CHECK_VALUE(*col_recipe == "blockwise_128x128", op,
+                      ": col_recipe must be 'blockwise_1x128' or 'blockwise_128x128', got '", std::string(*col_recipe),
+                      "'");
+    return true;
 }
 
 at::Tensor nothing(const at::Tensor& like, at::ScalarType dtype) { return at::empty({0}, like.options().dtype(dtype)); }
 
 // The composition itself (the definition; CPU, other dtypes, I % 128 != 0).
-Quantized composed(const at::Tensor& h, const c10::optional<at::Tensor>& d_act, bool rows, bool cols, bool keep) {
+Quantized composed(const at::Tensor& h, const c10::optional<at::Tensor>& d_act, bool rows, bool cols, bool keep,
+                   bool mn_major, const c10::optional<c10::string_view>& col_recipe) {
     const at::Tensor y = d_act.has_value() ? call_swiglu_backward(h, *d_act) : call_swiglu(h);
     at::Tensor q = nothing(h, at::kFloat8_e4m3fn), scales = nothing(h, at::kFloat);
     at::Tensor qt = nothing(h, at::kFloat8_e4m3fn), scales_t = nothing(h, at::kFloat);
     if (cols) {
-        auto [rq, rs, cq, cs] = call_quantize_rowcol(y);
+        auto [rq, rs, cq, cs] = call_quantize_rowcol(y, mn_major, col_recipe);
         qt = cq;
         scales_t = cs;
         if (rows) {
@@ -83,8 +99,9 @@ Quantized composed(const at::Tensor& h, const c10::optional<at::Tensor>& d_act, 
 }
 
 Quantized swiglu_quantize_fp8(const at::Tensor& h, const c10::optional<at::Tensor>& d_act, bool rows, bool cols,
-                              bool keep) {
+                              bool keep, bool scales_t_mn_major, const c10::optional<c10::string_view>& col_recipe) {
     const char* op = "mok.swiglu_quantize_fp8";
+    const bool col_tiles = col_tiles_of(col_recipe, op);
     check_dim(h, 2, op, "h", "[rows, 2 * I]");
     check_contiguous(h, op, "h");
     to_mok_dtype(h, op, "h");
@@ -110,7 +127,10 @@ Quantized swiglu_quantize_fp8(const at::Tensor& h, const c10::optional<at::Tenso
         at::Tensor q = rows ? at::empty({R, N}, codes) : nothing(h, at::kFloat8_e4m3fn);
         at::Tensor scales = rows ? at::empty({R, N / kBlock}, f32) : nothing(h, at::kFloat);
         at::Tensor qt = cols ? at::empty({N, R}, codes) : nothing(h, at::kFloat8_e4m3fn);
-        at::Tensor scales_t = cols ? at::empty({N, (R + kBlock - 1) / kBlock}, f32) : nothing(h, at::kFloat);
+        // scales_t: one per (column, 128 rows) or per 128 x 128 tile; transposed when MN-major
+        const int64_t st_rows = col_tiles ? (N + kBlock - 1) / kBlock : N, st_cols = (R + kBlock - 1) / kBlock;
+        at::Tensor scales_t = cols ? (scales_t_mn_major ? at::empty({st_cols, st_rows}, f32) : at::empty({st_rows, st_cols}, f32))
+                                   : nothing(h, at::kFloat);
         if (R == 0) return {out, q, scales, qt, scales_t};
         c10::cuda::CUDAGuard guard(h.device());
         mok_swiglu_quantize_fp8_args a{};
@@ -123,18 +143,20 @@ Quantized swiglu_quantize_fp8(const at::Tensor& h, const c10::optional<at::Tenso
         a.scales = rows ? scales.data_ptr<float>() : nullptr;
         a.qt = cols ? static_cast<uint8_t*>(qt.data_ptr()) : nullptr;
         a.scales_t = cols ? scales_t.data_ptr<float>() : nullptr;
+        a.scales_t_mn_major = scales_t_mn_major;
+        a.col_tile = col_tiles;
         check_status(mok_swiglu_quantize_fp8_cuda(&a, at::cuda::getCurrentCUDAStream(h.device().index()).stream()), op);
         return {out, q, scales, qt, scales_t};
     }
 #endif
-    return composed(h, d_act, rows, cols, keep);
+    return composed(h, d_act, rows, cols, keep, scales_t_mn_major, col_recipe);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(mok, m) {
-    m.def("swiglu_quantize_fp8(Tensor h, Tensor? d_act, bool rows, bool cols, bool keep) -> (Tensor out, Tensor q, "
-          "Tensor scales, Tensor qt, Tensor scales_t)");
+    m.def("swiglu_quantize_fp8(Tensor h, Tensor? d_act, bool rows, bool cols, bool keep, bool scales_t_mn_major=False, "
+          "str? col_recipe=None) -> (Tensor out, Tensor q, Tensor scales, Tensor qt, Tensor scales_t)");
 }
 
 TORCH_LIBRARY_IMPL(mok, CPU, m) { m.impl("swiglu_quantize_fp8", &swiglu_quantize_fp8); }
