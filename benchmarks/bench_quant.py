@@ -139,7 +139,7 @@ def main(argv=None):
             t = common.bench(fn, dev, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2)
             tbps = nbytes / t["median_ms"] / 1e9
             rows.append(dict(shape=name, impl=impl, M=M, N=N, ms=t["median_ms"], tbps=tbps, vs_copy=tbps / copy_tbps))
-        del x
+        x = None  # frees the shape's input before the next (a del would hide x from the lambdas above for pyflakes)
         common.free_memory(dev)
     print("\n" + common.format_table(rows, COLUMNS))
     common.write_results(args.out, env, rows, COLUMNS, "FP8 quantisers against the copy ceiling",

@@ -361,39 +361,70 @@ class _Fp8MlpCombine(torch.autograd.Function):
     operand), GEMM2 and the combine; the backward d_rows' copies straight from dy (as _Fp8DownCombine),
     the two GEMM2 gradients, then d_h's copies from h and d_act in the SwiGLU-backward kernel, and the
     two GEMM1 gradients. No bf16 x_rows, act, d_rows or d_h is written. Gradients bit for bit those of
-    the three nodes (_Fp8GateUp, _SwiGLUOf, _Fp8DownCombine)."""
+    the three nodes (_Fp8GateUp, _SwiGLUOf, _Fp8DownCombine).
+
+    Memory: the intermediates the backward reads once (rows, act's codes, h, x_rows' codes) are held on
+    ctx, not saved, so that the backward drops each after its last use, as the three nodes free theirs
+    node by node; saved tensors would live to the end of this backward (+0.4-1.1 GiB peak measured on
+    the bench shapes, performance log v52). So a second backward (retain_graph=True) is an error that
+    says so."""
 
     @staticmethod
     def forward(ctx, x, gate_up, down, w, src_of_row, row_of, top_k, offsets, w1_q, w1_s, w2_q, w2_s, w1t_q, w1t_s,
                 w2t_q, w2t_s, col_recipe):
-        (x_q, x_s), (xt_q, xt_s) = _rowcol_of_gathered(x, src_of_row, None, top_k, col_recipe)
+        (x_q, x_s), xt = _rowcol_of_gathered(x, src_of_row, None, top_k, col_recipe)
         h = ops.grouped_mm_fp8(x_q, x_s, w1_q, w1_s, offsets)
         del x_q, x_s  # x_rows' row-wise codes: GEMM1's alone
         _, a_q, a_s, at_q, at_s = ops.swiglu_quantize_fp8(h, None, True, True, False, True, col_recipe)
         rows = ops.grouped_mm_fp8(a_q, a_s, w2_q, w2_s, offsets)
         del a_q, a_s
-        ctx.save_for_backward(down, w, src_of_row, row_of, offsets, h, rows, w1t_q, w1t_s, w2t_q, w2t_s, xt_q, xt_s,
-                              at_q, at_s)
+        ctx.save_for_backward(down, w, src_of_row, row_of, offsets, w1t_q, w1t_s, w2t_q, w2t_s)
+        ctx.inter = dict(h=h, rows=rows, xt=xt, at=(at_q, at_s))
         ctx.set_materialize_grads(False)
         return ops.combine(rows, row_of, src_of_row, w)
 
     @staticmethod
     def backward(ctx, dy):
-        (down, w, src_of_row, row_of, offsets, h, rows, w1t_q, w1t_s, w2t_q, w2t_s, xt_q, xt_s, at_q,
-         at_s) = ctx.saved_tensors
+        down, w, src_of_row, row_of, offsets, w1t_q, w1t_s, w2t_q, w2t_s = ctx.saved_tensors
+        inter = ctx.inter
+        if inter is None:
+            raise RuntimeError(
+                "mok: a second backward through the all-FP8 experts (retain_graph=True): their intermediates are "
+                "freed by the first one; to backward twice, set mok._fp8_experts.FUSED_MLP_COMBINE = False (the "
+                "three-node path, same bits, which keeps them)")
+        if torch.compiler.is_compiling():
+            take = inter.get  # traced: the compiled graph's own liveness decides (and ctx may not be mutated)
+        else:
+            ctx.inter = None  # the dict is this backward's alone: each pop drops an intermediate after its use
+            take = inter.pop
         none = (None,) * 17
         if dy is None:
             return none
         need_x, need_w1, need_w2, need_w = ctx.needs_input_grad[:4]
         need_h = need_x or need_w1
-        d_act, d_down, d_w = _down_combine_backward(dy, down, w, offsets, row_of, src_of_row, rows, w2t_q, w2t_s,
-                                                    at_q, at_s, need_h, need_w2, need_w)
+        dy = dy.contiguous()
+        top_k = row_of.shape[1]
+        rows = take("rows")
+        d_w = ops.combine_weight_grad(dy, rows, row_of) if need_w else None
+        del rows
+        # GEMM2's gradients from d_rows' FP8 copies (both, or the one GEMM's from the bf16 gather)
+        d_rows = codes = None
+        if need_h and need_w2:
+            codes = _rowcol_of_gathered(dy, src_of_row, w, top_k)
+        elif need_h or need_w2:
+            d_rows = ops.gather_rows(dy, src_of_row, w, top_k)
+        at_q, at_s = take("at")
+        d_act, d_down = _down_backward(d_rows, None, down, offsets, w2t_q, w2t_s, at_q, at_s, need_h, need_w2, codes)
+        del d_rows, codes, at_q, at_s
+        # GEMM1's gradients from d_h's FP8 copies, made from h and d_act by the SwiGLU-backward kernel
         d_x = d_gate_up = None
+        h, (xt_q, xt_s) = take("h"), take("xt")
         if need_h:
             _, dq, ds, dqt, dst = ops.swiglu_quantize_fp8(h, d_act, need_x, need_w1, False, True, None)
-            del d_act
+            del h, d_act
             if need_x:
                 d_x = ops.combine(ops.grouped_mm_fp8(dq, ds, w1t_q, w1t_s, offsets), row_of, src_of_row, None)
+            del dq, ds
             if need_w1:
                 d_gate_up = ops.grouped_mm_fp8_wgrad(dqt, dst, xt_q, xt_s, offsets)  # [E, 2I, H]
         return (d_x, d_gate_up, d_down, d_w) + none[4:]

@@ -182,6 +182,23 @@ def test_mlp_combine_node_and_three_nodes_give_the_same_bits(monkeypatch, device
                                      fp8_wgrad=fp8_wgrad)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_mlp_combine_node_second_backward_is_a_clear_error(monkeypatch, device):
+    # the one node frees its intermediates during its backward: a second backward (retain_graph=True)
+    # raises and names the setting that keeps them; with the three nodes it runs, same gradients
+    inputs, wants = _inputs_wanting(CASES[2], device, "all")
+    y = mok.functional.moe_experts(*inputs, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True)
+    g = torch.randn_like(y)
+    first = torch.autograd.grad(y, wants, g, retain_graph=True)
+    with pytest.raises(RuntimeError, match="FUSED_MLP_COMBINE = False"):
+        torch.autograd.grad(y, wants, g)
+    monkeypatch.setattr(mok._fp8_experts, "FUSED_MLP_COMBINE", False)
+    y = mok.functional.moe_experts(*inputs, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True)
+    torch.autograd.grad(y, wants, g, retain_graph=True)
+    for a, b in zip(first, torch.autograd.grad(y, wants, g)):
+        assert torch.equal(a, b)
+
+
 def test_mlp_combine_node_is_taken_with_every_gemm_in_fp8(monkeypatch):
     # the one node runs exactly when FUSED_MLP_COMBINE, fp8_dgrad and fp8_wgrad hold and both weights
     # want a gradient (a spy on its forward), so that the bitwise test above compares two paths
