@@ -36,9 +36,10 @@ accumulator and K-block instead of an FMUL and an FFMA), 18-46% faster on an H10
 at the cost of coarser scales for the activations (an element below ~2^-15 of its tile's largest
 magnitude becomes an E4M3 subnormal).
 
-Between the GEMMs, SwiGLU and each quantisation run as ops of their own (three autograd nodes); the
-opt-in FUSED_SWIGLU_QUANT below fuses SwiGLU with the quantisation of its result both ways (v39: not
-faster on the H200).
+With every GEMM in FP8 (fp8_dgrad and fp8_wgrad) the path from x to y is one autograd node whose SwiGLU
+writes its result's FP8 copies directly both ways (FUSED_MLP_COMBINE below, v52: no bf16 act or d_h,
+lower peak memory); otherwise SwiGLU and each quantisation run as ops of their own (three autograd
+nodes), or, opt-in, as v39's one node (FUSED_SWIGLU_QUANT).
 
 Weights are quantised once per version: the codes and scales are cached on the weight tensor and
 reused until the tensor changes in place (an optimizer step bumps its version counter) or is
