@@ -129,8 +129,8 @@ Quantized swiglu_quantize_fp8(const at::Tensor& h, const c10::optional<at::Tenso
         at::Tensor qt = cols ? at::empty({N, R}, codes) : nothing(h, at::kFloat8_e4m3fn);
         // scales_t: one per (column, 128 rows) or per 128 x 128 tile; transposed when MN-major
         const int64_t st_rows = col_tiles ? (N + kBlock - 1) / kBlock : N, st_cols = (R + kBlock - 1) / kBlock;
-        at::Tensor scales_t = cols ? (scales_t_mn_major ? at::empty({st_cols, st_rows}, f32) : at::empty({st_rows, st_cols}, f32))
-                                   : nothing(h, at::kFloat);
+        at::Tensor scales_t = nothing(h, at::kFloat);
+        if (cols) scales_t = scales_t_mn_major ? at::empty({st_cols, st_rows}, f32) : at::empty({st_rows, st_cols}, f32);
         if (R == 0) return {out, q, scales, qt, scales_t};
         c10::cuda::CUDAGuard guard(h.device());
         mok_swiglu_quantize_fp8_args a{};
