@@ -25,7 +25,8 @@ compared with the BF16 layers at the FP8 tolerance; 'vs mok' is mok's BF16 fwd+b
 
 The H200 runs these layers at its power limit, and its clock drifts within a run (RESULTS v8, v10):
 one sweep's ratio can move by 5-10% between runs. --rounds R repeats the fwd+bwd timing of every
-impl R times in turn and reports the median and the range of the per-round ratios to eager.
+impl R times in turn (rounds 2, 4, ... in the reverse order) and reports the median and the range of
+the per-round ratios to eager.
 
 bf16 activations and weights, fp32 routing weights. Times are medians of CUDA-event timings after
 warm-up, with a 256 MB L2 flush between timed calls. fwd is a forward with autograd recording (as in
@@ -102,7 +103,7 @@ class Result:
     err_grad: float  # max over x, topk_w, gate_up_proj, down_proj of the same for the gradient
     note: str = ""
     # --rounds R > 1: fwd_bwd_ms is the median over R interleaved rounds; the smallest and largest
-    # per-round 'vs eager' ratios (each round times every impl once, in order)
+    # per-round 'vs eager' ratios (each round times every impl once; even rounds in reverse order)
     speedup_lo: float = math.nan
     speedup_hi: float = math.nan
 
@@ -251,14 +252,18 @@ def run(cfg: Config, impls: Dict[str, Callable], args) -> List[Result]:
 
 
 def more_rounds(rows: List[Dict], impls: Dict[str, Callable], inputs, dy, args, dev) -> None:
-    """Rounds 2..R of fwd+bwd timings, every timed impl once per round in the same order (the board's
-    power state drifts within a run: interleaving gives each impl the same share of it). Sets each
-    row's fwd_bwd_ms to the median over the rounds (bwd_ms and tflops follow) and the range of its
-    per-round ratio to eager."""
+    """Rounds 2..R of fwd+bwd timings, every timed impl once per round (the board's power state drifts
+    within a run: interleaving gives each impl the same share of it), the even rounds in the reverse
+    order of the first, the odd ones in its order, so that no impl always runs right after the same
+    other one (v26 left an order effect open between two impls timed back to back). Sets each row's
+    fwd_bwd_ms to the median over the rounds (bwd_ms and tflops follow) and the range of its per-round
+    ratio to eager."""
     timed = [r for r in rows if r["impl"] != "naive" and not math.isnan(r.get("fwd_bwd_ms", math.nan))]
     per_round = {r["impl"]: [r["fwd_bwd_ms"]] for r in timed}
-    for _ in range(args.rounds - 1):
-        for r in timed:
+    for k in range(2, args.rounds + 1):
+        order = list(reversed(timed)) if k % 2 == 0 else timed
+        print(f"   round {k} order: " + ", ".join(r["impl"] for r in order), flush=True)
+        for r in order:
             _fwd, fwd_bwd = step_fns(impls[r["impl"]], inputs, dy)
             per_round[r["impl"]].append(common.bench(fwd_bwd, dev, iters=args.iters, warmup=args.warmup,
                                                      flush_l2=args.flush_l2)["median_ms"])

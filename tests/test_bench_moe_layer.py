@@ -34,6 +34,7 @@ def test_layer_benchmark_rounds_report_a_median_and_its_range(tmp_path):
                          capture_output=True, text=True, timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert run.stdout.count("fwd+bwd per round") == 2
+    assert "round 2 order: mok, eager" in run.stdout  # the second round reversed: no fixed neighbours
     rows = {r["impl"]: r for r in json.loads(out.read_text())["results"]}
     mok_row = rows["mok"]
     # two rounds: the ratio of the medians (means) lies between the two rounds' ratios
