@@ -1,10 +1,14 @@
+import json
 import os
+import subprocess
 import sys
 
 import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -44,3 +48,20 @@ def capture_step(step, warmup=2, before_capture=None):
     with torch.cuda.graph(graph):
         out = step()
     return graph, out
+
+
+def run_quick_benchmark(script, *args, timeout=300):
+    """benchmarks/<script> --quick with one timed iteration and no warm-up, CUDA hidden (the CPU smoke run
+    of a benchmark); the finished process, its exit status asserted 0 (a benchmark exits non-zero when
+    an implementation leaves its tolerance)."""
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), "--quick", "--iters", "1",
+                          "--warmup", "0", *args], capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    return run
+
+
+def quick_benchmark_rows(script, out, *args, timeout=300):
+    """The result rows run_quick_benchmark(script, ..., "--out", out) wrote to the JSON file out."""
+    run_quick_benchmark(script, *args, "--out", str(out), timeout=timeout)
+    return json.loads(out.read_text())["results"]

@@ -1,17 +1,10 @@
 """benchmarks/bench_ep_layer.py's CPU smoke run (W = 2, gloo): mok's ExpertParallel and the
 torchtitan-style EP baseline the benchmark compares it with give the same layer output."""
-import os
-import subprocess
-import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import run_quick_benchmark
 
 
 def _quick_rows(*extra):
-    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_ep_layer.py"), "--quick",
-                          "--iters", "1", "--warmup", "0", *extra], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    assert run.returncode == 0, run.stderr[-2000:]
+    run = run_quick_benchmark("bench_ep_layer.py", *extra)
     rows = [line for line in run.stdout.splitlines() if line.startswith("| quick |")]
     return [[c.strip() for c in row.strip("|").split("|")] for row in rows], run.stdout
 

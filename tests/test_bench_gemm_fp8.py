@@ -1,22 +1,14 @@
 """benchmarks/bench_gemm_fp8.py's CPU smoke run: in every pass (forward, dgrad, weight gradient) mok's
 FP8 blockwise grouped GEMM agrees with mok's BF16 one up to the E4M3 rounding of its operands (the
 benchmark exits non-zero on a larger error), and every mok row is timed."""
-import json
-import os
-import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT, quick_benchmark_rows
 
 
 def test_fp8_gemm_benchmark_quick_run_covers_every_pass(tmp_path):
     out = tmp_path / "gemm_fp8.json"
-    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_gemm_fp8.py"), "--quick",
-                          "--device", "cpu", "--passes", "fwd,dgrad,wgrad", "--iters", "1", "--warmup", "0",
-                          "--out", str(out)],
-                         capture_output=True, text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    rows = json.loads(out.read_text())["results"]
+    rows = quick_benchmark_rows("bench_gemm_fp8.py", out, "--device", "cpu", "--passes", "fwd,dgrad,wgrad")
     for gpass in ("fwd", "dgrad", "wgrad"):
         fp8 = [r for r in rows if r["gpass"] == gpass and r["impl"] == "mok_fp8"]
         assert fp8 and all(r["impl"] != "mok_bf16" or r["vs_bf16"] == 1.0 for r in rows), gpass

@@ -3,22 +3,16 @@ backward, with FP8 dgrad, and with FP8 dgrad and wgrad; the MXFP8 recipe) agains
 the benchmark exits non-zero when an implementation's output or gradients leave their tolerance,
 and every row is timed."""
 import json
-import os
-import subprocess
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import quick_benchmark_rows, run_quick_benchmark
 
 
 def test_layer_benchmark_quick_run_checks_every_impl(tmp_path):
     out = tmp_path / "layer.json"
     impls = ["eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_mxfp8"]
-    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_moe_layer.py"), "--quick",
-                          "--shapes", "tiny_h128", "--routing", "balanced", "--impls", ",".join(impls), "--naive",
-                          "off", "--iters", "1", "--warmup", "0", "--device", "cpu", "--out", str(out)],
-                         capture_output=True, text=True, timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    rows = {r["impl"]: r for r in json.loads(out.read_text())["results"]}
+    rows = {r["impl"]: r for r in quick_benchmark_rows("bench_moe_layer.py", out, "--shapes", "tiny_h128", "--routing",
+                                                       "balanced", "--impls", ",".join(impls), "--naive", "off",
+                                                       "--device", "cpu", timeout=600)}
     assert sorted(rows) == sorted(impls)
     for name, r in rows.items():
         assert r["fwd_bwd_ms"] > 0 and not r["note"], (name, r)
@@ -28,11 +22,8 @@ def test_layer_benchmark_quick_run_checks_every_impl(tmp_path):
 
 def test_layer_benchmark_rounds_report_a_median_and_its_range(tmp_path):
     out = tmp_path / "layer_rounds.json"
-    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_moe_layer.py"), "--quick",
-                          "--shapes", "tiny", "--routing", "balanced", "--impls", "eager,mok", "--naive", "off",
-                          "--iters", "1", "--warmup", "0", "--rounds", "2", "--device", "cpu", "--out", str(out)],
-                         capture_output=True, text=True, timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    run = run_quick_benchmark("bench_moe_layer.py", "--shapes", "tiny", "--routing", "balanced", "--impls", "eager,mok",
+                              "--naive", "off", "--rounds", "2", "--device", "cpu", "--out", str(out), timeout=600)
     assert run.stdout.count("fwd+bwd per round") == 2
     assert "round 2 order: mok, eager" in run.stdout  # the second round reversed: no fixed neighbours
     rows = {r["impl"]: r for r in json.loads(out.read_text())["results"]}
