@@ -334,23 +334,28 @@ class _Fp8DownCombine(torch.autograd.Function):
         down, w, offsets, row_of, src_of_row, rows, wt_q, wt_s, at_q, at_s = ctx.saved_tensors
         if dy is None:
             return (None,) * 11
-        d_act, d_down, d_w = _down_combine_backward(dy, down, w, offsets, row_of, src_of_row, rows, wt_q, wt_s, at_q,
-                                                    at_s, *ctx.needs_input_grad[:3])
+        take = dict(rows=rows, at=(at_q, at_s)).pop
+        d_act, d_down, d_w = _down_combine_backward(dy, down, w, offsets, row_of, src_of_row, take, wt_q, wt_s,
+                                                    *ctx.needs_input_grad[:3])
         return (d_act, d_down, d_w) + (None,) * 8
 
 
-def _down_combine_backward(dy, down, w, offsets, row_of, src_of_row, rows, wt_q, wt_s, at_q, at_s, need_a, need_down,
-                           need_w):
-    """(d_act, d_down, d_w) of y = combine(act @ down[e]^T, w), None where not needed: d_w over the saved
-    rows, d_rows' FP8 copies straight from dy when both GEMMs need them (else its bf16 gather)."""
+def _down_combine_backward(dy, down, w, offsets, row_of, src_of_row, take, wt_q, wt_s, need_a, need_down, need_w):
+    """(d_act, d_down, d_w) of y = combine(act @ down[e]^T, w), None where not needed: d_w over the forward's
+    rows, d_rows' FP8 copies straight from dy when both GEMMs need them (else its bf16 gather). take(name)
+    hands over the forward's "rows" and act's column-wise codes "at", each asked for once, where this
+    function drops it after its last use."""
     dy = dy.contiguous()
     top_k = row_of.shape[1]
+    rows = take("rows")
     d_w = ops.combine_weight_grad(dy, rows, row_of) if need_w else None
+    del rows
     d_rows = codes = None
     if need_a and need_down:
         codes = _rowcol_of_gathered(dy, src_of_row, w, top_k)
     elif need_a or need_down:
         d_rows = ops.gather_rows(dy, src_of_row, w, top_k)
+    at_q, at_s = take("at")
     d_act, d_down = _down_backward(d_rows, None, down, offsets, wt_q, wt_s, at_q, at_s, need_a, need_down, codes)
     return d_act, d_down, d_w
 
@@ -403,20 +408,9 @@ class _Fp8MlpCombine(torch.autograd.Function):
             return none
         need_x, need_w1, need_w2, need_w = ctx.needs_input_grad[:4]
         need_h = need_x or need_w1
-        dy = dy.contiguous()
-        top_k = row_of.shape[1]
-        rows = take("rows")
-        d_w = ops.combine_weight_grad(dy, rows, row_of) if need_w else None
-        del rows
-        # GEMM2's gradients from d_rows' FP8 copies (both, or the one GEMM's from the bf16 gather)
-        d_rows = codes = None
-        if need_h and need_w2:
-            codes = _rowcol_of_gathered(dy, src_of_row, w, top_k)
-        elif need_h or need_w2:
-            d_rows = ops.gather_rows(dy, src_of_row, w, top_k)
-        at_q, at_s = take("at")
-        d_act, d_down = _down_backward(d_rows, None, down, offsets, w2t_q, w2t_s, at_q, at_s, need_h, need_w2, codes)
-        del d_rows, codes, at_q, at_s
+        # GEMM2's and the combine's gradients, as _Fp8DownCombine's
+        d_act, d_down, d_w = _down_combine_backward(dy, down, w, offsets, row_of, src_of_row, take, w2t_q, w2t_s,
+                                                    need_h, need_w2, need_w)
         # GEMM1's gradients from d_h's FP8 copies, made from h and d_act by the SwiGLU-backward kernel
         d_x = d_gate_up = None
         h, (xt_q, xt_s) = take("h"), take("xt")

@@ -450,7 +450,9 @@ def test_fp8_wgrad_cuda_several_row_blocks_per_expert():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fp8_wgrad", [True, "tiled"], ids=["wgrad", "wgrad-tiled"])
-def test_fp8_all_is_deterministic_and_compiles(device, fp8_wgrad):
+@pytest.mark.parametrize("one_node", [True, False], ids=["one_node", "three_nodes"])
+def test_fp8_all_is_deterministic_and_compiles(device, fp8_wgrad, one_node, monkeypatch):
+    monkeypatch.setattr(mok._fp8_experts, "FUSED_MLP_COMBINE", one_node)
     case = MoECase(96, 128, 256, 8, 2)
     x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16, device=device, requires_grad=True)
 
