@@ -2,8 +2,8 @@
 # One device call that validates and measures the FP8 path (about 6 minutes on the H200, v20): build,
 # the GPU suite, the quantisers (bench_quant.py: the rowcol pass against the copy ceiling),
 # issue 5's GEMM criteria (bench_gemm_fp8.py: mok FP8 TFLOP/s and its
-# ratio to mok BF16, the fused SwiGLU GEMM1 against GEMM + SwiGLU) and the layer per recipe with
-# the FP8 GEMM1 fused and unfused (mok_fp8_all_fused, v37). Files in $OUT (6-8): env.txt,
+# ratio to mok BF16, the fused SwiGLU GEMM1 against GEMM + SwiGLU) and the layer per recipe (every GEMM
+# in FP8 as the default one node and as three nodes, v52; tiled weight-gradient copies, v50; MXFP8). Files in $OUT (6-8): env.txt,
 # build.log, gpu_tests.txt, bench_quant.md, bench_swiglu_quant.md, bench_gemm_fp8.md, bench_moe_layer.md, and with the
 # options below swiglu_widths.txt, bf16_timing_variants.txt, fp8_tails.md, trace_qwen3_fp8.txt.
 #   bash benchmarks/run_fp8_session.sh                 # on the GPU machine, from the repo root
@@ -17,7 +17,7 @@
 # its halves, its loads, a banded walk; $OUT/rowcol_timing.txt).
 # TAILS=1 also measures how far the FP8 layer's y and gradients land from the emulation over 150 seeds
 # ($OUT/fp8_tails.md; tests/test_fp8_experts.py's tolerances).
-# TRACE=1 also traces the Qwen3 layer kernel by kernel in BF16, FP8 dgrad and all-FP8 ($OUT/trace_qwen3_fp8.txt;
+# TRACE=1 also traces the Qwen3 layer kernel by kernel in BF16 and all-FP8 (one node, three nodes, tiled) ($OUT/trace_qwen3_fp8.txt;
 # TRACE_IMPLS=a,b,... replaces the impls, TRACE_SHAPES=a,b,... the shape).
 # SWIGLU_WIDTHS=1 also times the fused SwiGLU GEMM1's tile widths in the standalone checker (128 x 128
 # against the opt-in 128 x 192, MOK_SM90_FP8_SWIGLU_BN=192; v32), interleaved.
@@ -88,7 +88,7 @@ if [ -z "${SKIP_GEMM:-}" ]; then
 fi
 
 [ -z "${SKIP_LAYER:-}" ] && timeout 200 python3 benchmarks/bench_moe_layer.py --shapes qwen3_30b_a3b,mixtral_8x7b,dsv3_ep8_slice \
-    --routing balanced --impls ${LAYER_IMPLS:-eager,mok,mok_fp8_dgrad,mok_fp8_dgrad_swq,mok_fp8_all,mok_fp8_all_swq,mok_fp8_all_fused} --naive off \
+    --routing balanced --impls ${LAYER_IMPLS:-eager,mok,mok_fp8_dgrad,mok_fp8_all,mok_fp8_all_3nodes,mok_fp8_all_tiled,mok_fp8_all_tiled_3nodes,mok_mxfp8} --naive off \
     --rounds "${ROUNDS:-2}" --out /tmp/mok_bench_moe_layer.json > /tmp/mok_bench_moe_layer.txt 2>&1
 if [ -z "${SKIP_LAYER:-}" ]; then
     cp /tmp/mok_bench_moe_layer.md "$OUT/bench_moe_layer.md" 2>/dev/null || tail -20 /tmp/mok_bench_moe_layer.txt
@@ -102,7 +102,7 @@ fi
 if [ -n "${TRACE:-}" ]; then
     # where the FP8 layer's time goes on Qwen3 (1.05x mok BF16 in v20, 1.25x asked): every kernel per step
     timeout 120 python3 benchmarks/trace_moe_layer.py --shapes "${TRACE_SHAPES:-qwen3_30b_a3b}" \
-        --impls "${TRACE_IMPLS:-mok,mok_fp8_dgrad,mok_fp8_dgrad_swq,mok_fp8_all,mok_fp8_all_swq}" \
+        --impls "${TRACE_IMPLS:-mok,mok_fp8_all,mok_fp8_all_3nodes,mok_fp8_all_tiled}" \
         --top 25 > "$OUT/trace_qwen3_fp8.txt" 2>&1
     echo "trace ($((SECONDS - T0)) s)"
 fi
