@@ -114,6 +114,20 @@ FUSED_SWIGLU_QUANT_BACKWARD = True
 # written. False: the three nodes. The same bits either way. Performance log v52.
 FUSED_MLP_COMBINE = True
 
+
+def _saved_tensor_hooks_active():
+    """Whether saved-tensor hooks are in force (torch.utils.checkpoint, save_on_cpu, FSDP activation
+    offloading): they act on save_for_backward only, and the one node holds its intermediates on ctx
+    (to free them early), so under such hooks the three nodes run instead, whose saved tensors the hooks
+    see. Outside tracing only (the query is not traceable; a compiled graph manages its own memory)."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if top is None:  # a torch without the query: assume hooks, keep the three nodes' semantics
+        return True
+    try:
+        return top(False) is not None
+    except TypeError:  # an older signature without ignore_is_tracing
+        return top() is not None
+
 # With fp8_wgrad, x_rows is needed only as its two FP8 copies, and with fp8_dgrad too, so is d_rows
 # (the weighted gather of dy in mok::combine's backward). True: their copies straight from x and dy by
 # the plan (torch.ops.mok.quantize_fp8_rowcol_gather: each gathered row read once, the bf16 x_rows and
@@ -517,7 +531,8 @@ def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj, fp8_dgrad
     # column-wise copies of x_rows and act only where a weight gradient will be taken
     wgrad1 = bool(fp8_wgrad and grad and gate_up_proj.requires_grad)
     wgrad2 = bool(fp8_wgrad and grad and down_proj.requires_grad)
-    if FUSED_MLP_COMBINE and GATHER_QUANT and not FUSED_GATE_UP and wgrad1 and wgrad2 and w1t_q is not None:
+    if (FUSED_MLP_COMBINE and GATHER_QUANT and not FUSED_GATE_UP and wgrad1 and wgrad2 and w1t_q is not None
+            and (torch.compiler.is_compiling() or not _saved_tensor_hooks_active())):
         return _Fp8MlpCombine.apply(x, gate_up_proj, down_proj, topk_w.to(acc).contiguous(), plan.src_of_row,
                                     plan.row_of, top_k, plan.offsets, w1_q, w1_s, w2_q, w2_s, w1t_q, w1t_s, w2t_q,
                                     w2t_s, wgrad_act_col_recipe(fp8_wgrad))

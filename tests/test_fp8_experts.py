@@ -217,6 +217,35 @@ def test_mlp_combine_node_is_taken_with_every_gemm_in_fp8(monkeypatch):
         inputs, _ = _inputs_wanting(case, "cpu", needs)
         mok.functional.moe_experts(*inputs, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True)
         assert len(calls) == want, (needs, fused)
+    # saved-tensor hooks (checkpointing, save_on_cpu) act on saved tensors only: the three nodes run
+    monkeypatch.setattr(mok._fp8_experts, "FUSED_MLP_COMBINE", True)
+    calls.clear()
+    inputs, _ = _inputs_wanting(case, "cpu", "all")
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        mok.functional.moe_experts(*inputs, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True)
+    assert not calls
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_all_under_checkpoint_and_save_on_cpu_gives_the_same_bits(device):
+    # activation checkpointing and CPU offloading of saved tensors (saved-tensor hooks): the experts take
+    # the three nodes, whose saved tensors the hooks handle; y and every gradient bitwise those without
+    inputs, wants = _inputs_wanting(CASES[2], device, "all")
+
+    def experts(*a):
+        return mok.functional.moe_experts(*a, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True)
+
+    y = experts(*inputs)
+    g = torch.randn_like(y)
+    want = [y] + list(torch.autograd.grad(y, wants, g))
+    y = torch.utils.checkpoint.checkpoint(experts, *inputs, use_reentrant=False)
+    got_ckpt = [y] + list(torch.autograd.grad(y, wants, g))
+    with torch.autograd.graph.save_on_cpu():
+        y = experts(*inputs)
+    got_cpu = [y] + list(torch.autograd.grad(y, wants, g))
+    for got in (got_ckpt, got_cpu):
+        for a, b in zip(want, got):
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
 @pytest.mark.parametrize("device", DEVICES)
