@@ -242,7 +242,10 @@ void run_gather_case(Rng& rng, Recipe r, int64_t T, int64_t K, int64_t M, int64_
 
 /* One SwiGLU + quantisation kernel (forward or backward; rows, cols, keep) on random h and d_act
  * against SwiGLU computed here with the same functions, then the C core's quantisations. */
-void run_swiglu_case(Rng& rng, bool backward, bool rows, bool cols, bool keep, int64_t R, int64_t I) {
+/* mn / col_tile (v52, the one-node FP8 layer's column copies): scales_t MN-major, the column-wise copy in
+ * 128 x 128 tiles, checked as run_case checks them. */
+void run_swiglu_case(Rng& rng, bool backward, bool rows, bool cols, bool keep, int64_t R, int64_t I, bool mn = false,
+                     bool col_tile = false) {
     using namespace mok_qtile;
     const int64_t N = backward ? 2 * I : I;
     std::vector<uint16_t> h = make_input(rng, R, 2 * I), da = make_input(rng, R, I);
@@ -262,18 +265,22 @@ void run_swiglu_case(Rng& rng, bool backward, bool rows, bool cols, bool keep, i
             y[(size_t)(r * N + I + j)] = bf16_bits(d_up);
         }
     std::vector<uint8_t> q(rows ? (size_t)(R * N) : 0, 0xA5), s(rows ? (size_t)(R * (N / 128)) * 4 : 0, 0xA5);
-    std::vector<uint8_t> qt(cols ? (size_t)(R * N) : 0, 0xA5), st(cols ? (size_t)(N * cdiv(R, 128)) * 4 : 0, 0xA5);
+    const Recipe rt = col_tile ? k128x128 : k1x128;
+    std::vector<uint8_t> qt(cols ? (size_t)(R * N) : 0, 0xA5);
+    std::vector<uint8_t> st(cols ? (size_t)scale_count(rt, N, R) * 4 : 0, 0xA5);
     std::vector<uint16_t> out(keep ? (size_t)(R * N) : 0, 0xA5A5);
-    const tile_args a = tile_args_of(nullptr, R, N, rows ? q.data() : nullptr, rows ? s.data() : nullptr,
-                                     cols ? qt.data() : nullptr, cols ? st.data() : nullptr);
+    tile_args a = tile_args_of(nullptr, R, N, rows ? q.data() : nullptr, rows ? s.data() : nullptr,
+                               cols ? qt.data() : nullptr, cols ? st.data() : nullptr);
+    a.scales_t_mn = mn;
+    a.col_tile = col_tile;
     swiglu_tile_args sw;
     sw.h = reinterpret_cast<const __nv_bfloat16*>(h.data());
     sw.d_act = backward ? reinterpret_cast<const __nv_bfloat16*>(da.data()) : nullptr;
     sw.out = keep ? reinterpret_cast<__nv_bfloat16*>(out.data()) : nullptr;
     sw.I = I;
     char label[160];
-    snprintf(label, sizeof label, "swiglu %s rows=%d cols=%d keep=%d R=%lld I=%lld", backward ? "backward" : "forward",
-             rows, cols, keep, (long long)R, (long long)I);
+    snprintf(label, sizeof label, "swiglu %s rows=%d cols=%d keep=%d R=%lld I=%lld mn=%d col_tile=%d",
+             backward ? "backward" : "forward", rows, cols, keep, (long long)R, (long long)I, mn, col_tile);
     const bool ok = launched(label, (unsigned)tile_count(R, N), [&] {
         if (backward && rows && cols) swiglu_quantize_bf16_kernel<true, true, true, 2>(a, sw);
         else if (backward && rows) swiglu_quantize_bf16_kernel<true, true, false, 2>(a, sw);
@@ -289,7 +296,8 @@ void run_swiglu_case(Rng& rng, bool backward, bool rows, bool cols, bool keep, i
         expect_equal(got, want, std::string(label) + " bf16 result");
     }
     if (rows) expect_core_quantization(k1x128, y, R, N, q, s, label, "");
-    if (cols) expect_core_quantization(k1x128, transpose(y, R, N), N, R, qt, st, label, " transposed");
+    if (cols && mn) st = transpose_bytes(st, cdiv(R, 128), col_tile ? cdiv(N, 128) : N, 4);
+    if (cols) expect_core_quantization(rt, transpose(y, R, N), N, R, qt, st, label, " transposed");
 }
 
 }  // namespace
@@ -352,6 +360,12 @@ int main(int argc, char** argv) {
         for (int64_t I : {128, 256})
             for (bool backward : {false, true})
                 for (const auto& f : flags) run_swiglu_case(rng, backward, f[0], f[1], f[2], R, I);
+    /* the column copies as the one node asks for them: MN-major scales, 128 x 128 tiles, both */
+    for (int64_t R : {1, 130, 256})
+        for (int64_t I : {128, 384})
+            for (bool backward : {false, true})
+                for (const auto& mt : std::vector<std::pair<bool, bool>>{{true, false}, {false, true}, {true, true}})
+                    run_swiglu_case(rng, backward, true, true, false, R, I, mt.first, mt.second);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
