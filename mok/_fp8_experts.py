@@ -49,6 +49,7 @@ while a CUDA graph is captured (so that each replay quantises the weight as it i
 Shapes: H, I multiples of 128 (whole scale blocks, as the FP8 GEMM needs); bf16 x and weights.
 """
 import torch
+import torch.nn.functional as F
 
 from . import fp8
 from ._gate_up import _SwiGLUOf, gate_up_backward
@@ -113,6 +114,15 @@ FUSED_SWIGLU_QUANT_BACKWARD = True
 # the column-wise copies in the layout and tiles the weight gradients read, v52): no bf16 act or d_h is
 # written. False: the three nodes. The same bits either way. Performance log v52.
 FUSED_MLP_COMBINE = True
+
+# In the one node (FUSED_MLP_COMBINE), the router-weight gradient from d_z's side (v53), as the BF16
+# path's _DownCombine: y is the unweighted combine of z @ down[e]^T with z = s * act (s[r] the router
+# weight of row r), so d_rows' FP8 copies come unweighted from dy, d_down's operand is z's column-wise
+# copy (made by the forward's SwiGLU kernel), and the SwiGLU-backward kernel takes d_act = s * d_z and
+# sums d_s[r] = d_z[r] . act[r]: no combine_weight_grad pass over rows [R, H], and rows is not held from
+# the forward to the backward. False: d_w = combine_weight_grad(dy, rows), d_rows weighted (the three
+# nodes' bits).
+ROUTER_GRAD_IN_SWIGLU = True
 
 
 def _saved_tensor_hooks_active():
@@ -374,6 +384,32 @@ def _down_combine_backward(dy, down, w, offsets, row_of, src_of_row, take, wt_q,
     return d_act, d_down, d_w
 
 
+def _row_scales(w, src_of_row):
+    """s [R] (w's dtype): s[r] = w.flatten()[src_of_row[r]], 0 for a padding row (src_of_row outside [0, T * K))."""
+    n = w.numel()
+    src = src_of_row.long()
+    return F.pad(w.reshape(-1), (0, 1))[torch.where((src >= 0) & (src < n), src, n)]
+
+
+def _pair_grad(d_s, row_of):
+    """d_w [T, K] = d_s[row_of[t, k]]: a skipped pair (row_of outside [0, R)) reads the zero appended at R."""
+    R = d_s.shape[0]
+    return F.pad(d_s, (0, 1))[torch.where((row_of >= 0) & (row_of < R), row_of, R).long()]
+
+
+def _down_combine_scaled_backward(dy, src_of_row, offsets, top_k, w2t_q, w2t_s, zt, need_down):
+    """(d_z, d_down) of y = unweighted combine(z @ down[e]^T), z = s * act: d_rows' FP8 copies unweighted
+    from dy, d_z = d_rows @ down[e] (FP8 dgrad), d_down = d_rows^T z on z's column-wise copy zt."""
+    if need_down:
+        g_row, g_col = _rowcol_of_gathered(dy, src_of_row, None, top_k)
+    else:
+        g_row, g_col = ops.quantize_fp8(ops.gather_rows(dy, src_of_row, None, top_k), ACT_RECIPE), None
+    d_z = ops.grouped_mm_fp8(*g_row, w2t_q, w2t_s, offsets)
+    del g_row
+    d_down = ops.grouped_mm_fp8_wgrad(*g_col, *zt, offsets) if need_down else None  # [E, H, I]
+    return d_z, d_down
+
+
 class _Fp8MlpCombine(torch.autograd.Function):
     """y = combine(FP8GEMM2(q(SwiGLU(FP8GEMM1(q(x_rows))))), w) as one node, for every GEMM in FP8 with both
     weight gradients (FUSED_MLP_COMBINE): x_rows' two FP8 copies straight from x, act's two from h in the
@@ -382,6 +418,11 @@ class _Fp8MlpCombine(torch.autograd.Function):
     the two GEMM2 gradients, then d_h's copies from h and d_act in the SwiGLU-backward kernel, and the
     two GEMM1 gradients. No bf16 x_rows, act, d_rows or d_h is written. Gradients bit for bit those of
     the three nodes (_Fp8GateUp, _SwiGLUOf, _Fp8DownCombine).
+
+    With ROUTER_GRAD_IN_SWIGLU (the default) the router weights enter as z = s * act (v53): the forward's
+    SwiGLU kernel writes z's column-wise copy instead of act's, rows is dropped after the combine, and the
+    backward takes d_w from the SwiGLU-backward kernel (d_s = d_z . act) instead of combine_weight_grad;
+    then not the three nodes' bits (d_rows' copies unweighted, d_down on z), the same math.
 
     Memory: the intermediates the backward reads once (rows, act's codes, h, x_rows' codes) are held on
     ctx, not saved, so that the backward drops each after its last use, as the three nodes free theirs
@@ -395,12 +436,21 @@ class _Fp8MlpCombine(torch.autograd.Function):
         (x_q, x_s), xt = _rowcol_of_gathered(x, src_of_row, None, top_k, col_recipe)
         h = ops.grouped_mm_fp8(x_q, x_s, w1_q, w1_s, offsets)
         del x_q, x_s  # x_rows' row-wise codes: GEMM1's alone
+        ctx.save_for_backward(down, w, src_of_row, row_of, offsets, w1t_q, w1t_s, w2t_q, w2t_s)
+        ctx.top_k = top_k
+        ctx.set_materialize_grads(False)
+        if ROUTER_GRAD_IN_SWIGLU:
+            # act's row-wise codes for GEMM2, z = s * act's column-wise codes for d_down
+            row_scale = _row_scales(w, src_of_row)
+            a_q, a_s, zt_q, zt_s, _ = ops.swiglu_scaled_quantize_fp8(h, None, row_scale, True, True, True, col_recipe)
+            rows = ops.grouped_mm_fp8(a_q, a_s, w2_q, w2_s, offsets)
+            del a_q, a_s
+            ctx.inter = dict(h=h, xt=xt, zt=(zt_q, zt_s), row_scale=row_scale)
+            return ops.combine(rows, row_of, src_of_row, w)
         _, a_q, a_s, at_q, at_s = ops.swiglu_quantize_fp8(h, None, True, True, False, True, col_recipe)
         rows = ops.grouped_mm_fp8(a_q, a_s, w2_q, w2_s, offsets)
         del a_q, a_s
-        ctx.save_for_backward(down, w, src_of_row, row_of, offsets, w1t_q, w1t_s, w2t_q, w2t_s)
         ctx.inter = dict(h=h, rows=rows, xt=xt, at=(at_q, at_s))
-        ctx.set_materialize_grads(False)
         return ops.combine(rows, row_of, src_of_row, w)
 
     @staticmethod
@@ -422,6 +472,9 @@ class _Fp8MlpCombine(torch.autograd.Function):
             return none
         need_x, need_w1, need_w2, need_w = ctx.needs_input_grad[:4]
         need_h = need_x or need_w1
+        if "zt" in inter:
+            return _mlp_combine_scaled_backward(dy, take, ctx.top_k, down, w, src_of_row, row_of, offsets, w1t_q,
+                                                w1t_s, w2t_q, w2t_s, need_x, need_w1, need_w2, need_w) + none[4:]
         # GEMM2's and the combine's gradients, as _Fp8DownCombine's
         d_act, d_down, d_w = _down_combine_backward(dy, down, w, offsets, row_of, src_of_row, take, w2t_q, w2t_s,
                                                     need_h, need_w2, need_w)
@@ -437,6 +490,27 @@ class _Fp8MlpCombine(torch.autograd.Function):
             if need_w1:
                 d_gate_up = ops.grouped_mm_fp8_wgrad(dqt, dst, xt_q, xt_s, offsets)  # [E, 2I, H]
         return (d_x, d_gate_up, d_down, d_w) + none[4:]
+
+
+def _mlp_combine_scaled_backward(dy, take, top_k, down, w, src_of_row, row_of, offsets, w1t_q, w1t_s, w2t_q, w2t_s,
+                                 need_x, need_w1, need_w2, need_w):
+    """_Fp8MlpCombine's backward with ROUTER_GRAD_IN_SWIGLU: (d_x, d_gate_up, d_down, d_w)."""
+    d_z, d_down = _down_combine_scaled_backward(dy.contiguous(), src_of_row, offsets, top_k, w2t_q, w2t_s,
+                                                take("zt"), need_w2)
+    h, (xt_q, xt_s), row_scale = take("h"), take("xt"), take("row_scale")
+    # d_h's FP8 copies for d_act = s * d_z, and d_s = d_z . act, from h in one kernel (at least one copy is
+    # made: the kernel's d_s comes with it)
+    rows = need_x or not need_w1
+    dq, ds, dqt, dst, d_s = ops.swiglu_scaled_quantize_fp8(h, d_z, row_scale, rows, need_w1, True, None)
+    del h, d_z
+    d_x = d_gate_up = None
+    if need_x:
+        d_x = ops.combine(ops.grouped_mm_fp8(dq, ds, w1t_q, w1t_s, offsets), row_of, src_of_row, None)
+    del dq, ds
+    if need_w1:
+        d_gate_up = ops.grouped_mm_fp8_wgrad(dqt, dst, xt_q, xt_s, offsets)  # [E, 2I, H]
+    d_w = _pair_grad(d_s, row_of).to(w.dtype) if need_w else None
+    return d_x, d_gate_up, d_down, d_w
 
 
 class _Fp8Mlp(torch.autograd.Function):

@@ -187,6 +187,13 @@ def _swiglu_quantize_fp8_fake(h, d_act, rows, cols, keep, scales_t_mn_major=Fals
     )
 
 
+@torch.library.register_fake("mok::swiglu_scaled_quantize_fp8")
+def _swiglu_scaled_quantize_fp8_fake(h, d_z, row_scale, rows, cols, scales_t_mn_major=False, col_recipe=None):
+    q, s, qt, st = _swiglu_quantize_fp8_fake(h, d_z, rows, cols, False, scales_t_mn_major, col_recipe)[1:]
+    d_s = h.new_empty((h.shape[0],) if d_z is not None else (0,), dtype=_acc_dtype(h.dtype))
+    return q, s, qt, st, d_s
+
+
 @torch.library.register_fake("mok::qdq_mxfp8")
 def _qdq_mxfp8_fake(x, offsets, rows, cols):
     if not (rows or cols):
@@ -355,6 +362,7 @@ ALL_OPS = (
     "quantize_fp8_rowcol",
     "quantize_fp8_rowcol_gather",
     "swiglu_quantize_fp8",
+    "swiglu_scaled_quantize_fp8",
     "grouped_mm_fp8",
     "grouped_mm_fp8_swiglu",
     "grouped_mm_fp8_wgrad",

@@ -192,7 +192,19 @@ def recipe_reference(p, options):
     """W = 1 through mok.functional.moe_experts with the recipe's options and a 128-aligned plan (as the
     expert-parallel local experts use under the FP8 recipes, and CUDA by default; on the CPU's 1-aligned
     plans the weight gradients' column-wise blocks would straddle experts): y and the gradients of x,
-    w, gate_up, down."""
+    w, gate_up, down. With every GEMM in FP8 the W = 1 experts in the form the expert-parallel ones take:
+    the router weights applied by the combine and d_topk_w by combine_weight_grad
+    (ROUTER_GRAD_IN_SWIGLU=False; the source's combine owns them under expert parallelism, whose local
+    experts see weight 1, for which the v53 form gives the same bits)."""
+    old = mok._fp8_experts.ROUTER_GRAD_IN_SWIGLU
+    mok._fp8_experts.ROUTER_GRAD_IN_SWIGLU = False
+    try:
+        return _recipe_reference(p, options)
+    finally:
+        mok._fp8_experts.ROUTER_GRAD_IN_SWIGLU = old
+
+
+def _recipe_reference(p, options):
     x, w = p["x"].clone().requires_grad_(), p["w"].clone().requires_grad_()
     gu, dn = p["gu"].clone().requires_grad_(), p["dn"].clone().requires_grad_()
     plan = functional.moe_plan(p["idx"].to(x.device), p["E"], tile=ep.FP8_PLAN_TILE)

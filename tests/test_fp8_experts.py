@@ -58,14 +58,23 @@ TOL_VS_BF16_MATH = 0.12
 # d_topk_w against <g, the recipe's own rows> in float64 (shapes.topk_w_grad_of_rows): the kernels sum
 # bf16 products in fp32; measured against the Cauchy-Schwarz scale (shapes.topk_w_err).
 TOL_TOPK_W = 1e-4
+# d_topk_w from d_z's side (v53's one node: d_s = d_z . act) against its float64 emulation, measured against
+# its Cauchy-Schwarz scale: 1e-8 to 3e-5 on the CPU (20 seeds x the cases); the GPU's d_z and act may sit
+# one bf16 step from the emulation's. A 2% error of d_topk_w is ~1e-3 here (|d_topk_w| is ~5e-2 of the
+# scale) and fails (a test checks that).
+TOL_TOPK_W_SCALED = 5e-4
 GRAD_NAMES = ("x", "topk_w", "gate_up_proj", "down_proj")
 BLOCKWISE = functools.partial(mok.functional.moe_experts, recipe="blockwise")
 
 
-def check_grads(grads, refs, g, x, idx, gu, dn, experts=BLOCKWISE, tol=TOL_EMULATION):
-    """Each input gradient against its emulation, topk_w against the recipe's own rows."""
+def check_grads(grads, refs, g, x, idx, gu, dn, experts=BLOCKWISE, tol=TOL_EMULATION, topk_w_scale=None):
+    """Each input gradient against its emulation, topk_w against the recipe's own rows; or, with
+    topk_w_scale (the router-weight gradient from d_z's side, v53), against its emulation, the error
+    measured against topk_w_scale (its Cauchy-Schwarz scale, as shapes.topk_w_err)."""
     for name, got, ref in zip(GRAD_NAMES, grads, refs):
-        if name == "topk_w":
+        if name == "topk_w" and topk_w_scale is not None:
+            assert float((got.double().cpu() - ref).norm() / topk_w_scale) < TOL_TOPK_W_SCALED, name
+        elif name == "topk_w":
             ref = topk_w_grad_of_rows(experts, g, x, idx, gu, dn)
             assert topk_w_err(got, ref, g, x, idx, gu, dn) < TOL_TOPK_W, name
         else:
@@ -176,16 +185,19 @@ def test_mlp_combine_node_and_three_nodes_give_the_same_bits(monkeypatch, device
     # result's FP8 copies in one kernel both ways, the column-wise ones in fp8_wgrad's blocks) or the three
     # nodes (False); y and every gradient bitwise the same, whichever inputs want a gradient (the one node
     # is taken only when both weights want one: "down_only" and "x_only" check the fallback).
+    # With ROUTER_GRAD_IN_SWIGLU (v53) the one node's backward takes other (equally exact) steps: its
+    # emulation is test_fp8_wgrad_matches_its_emulation's; here the one node in the three nodes' form.
     inputs, wants = _inputs_wanting(case, device, needs)
     _assert_same_bits_under_settings(monkeypatch, case, inputs, wants,
-                                     [dict(FUSED_MLP_COMBINE=True), dict(FUSED_MLP_COMBINE=False)], fp8_dgrad=True,
-                                     fp8_wgrad=fp8_wgrad)
+                                     [dict(FUSED_MLP_COMBINE=True, ROUTER_GRAD_IN_SWIGLU=False),
+                                      dict(FUSED_MLP_COMBINE=False)], fp8_dgrad=True, fp8_wgrad=fp8_wgrad)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_mlp_combine_node_second_backward_is_a_clear_error(monkeypatch, device):
     # the one node frees its intermediates during its backward: a second backward (retain_graph=True)
     # raises and names the setting that keeps them; with the three nodes it runs, same gradients
+    monkeypatch.setattr(mok._fp8_experts, "ROUTER_GRAD_IN_SWIGLU", False)  # (for the same bits below)
     inputs, wants = _inputs_wanting(CASES[2], device, "all")
     y = mok.functional.moe_experts(*inputs, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True)
     g = torch.randn_like(y)
@@ -227,9 +239,13 @@ def test_mlp_combine_node_is_taken_with_every_gemm_in_fp8(monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_fp8_all_under_checkpoint_and_save_on_cpu_gives_the_same_bits(device):
+@pytest.mark.parametrize("router_grad_in_swiglu", [False, True])
+def test_fp8_all_under_checkpoint_and_save_on_cpu_gives_the_same_bits(monkeypatch, device, router_grad_in_swiglu):
     # activation checkpointing and CPU offloading of saved tensors (saved-tensor hooks): the experts take
     # the three nodes, whose saved tensors the hooks handle; y and every gradient bitwise those without
+    # when the one node has the three nodes' form (ROUTER_GRAD_IN_SWIGLU=False); with the v53 router-weight
+    # gradient (the default) y is bitwise the same and the gradients FP8 steps apart (README limits)
+    monkeypatch.setattr(mok._fp8_experts, "ROUTER_GRAD_IN_SWIGLU", router_grad_in_swiglu)
     inputs, wants = _inputs_wanting(CASES[2], device, "all")
 
     def experts(*a):
@@ -244,8 +260,11 @@ def test_fp8_all_under_checkpoint_and_save_on_cpu_gives_the_same_bits(device):
         y = experts(*inputs)
     got_cpu = [y] + list(torch.autograd.grad(y, wants, g))
     for got in (got_ckpt, got_cpu):
-        for a, b in zip(want, got):
-            assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+        for i, (a, b) in enumerate(zip(want, got)):
+            if router_grad_in_swiglu and i > 0:
+                assert 0 < rel_err(b, a) < TOL_VS_BF16_MATH
+            else:
+                assert torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -253,7 +272,9 @@ def test_fp8_all_under_checkpoint_and_save_on_cpu_gives_the_same_bits(device):
 @pytest.mark.parametrize("fp8_wgrad", [False, True])
 def test_fused_and_unfused_gate_up_give_the_same_bits(monkeypatch, device, case, fp8_wgrad):
     # FUSED_GATE_UP: the fused SwiGLU GEMM1 (True) or the plain FP8 GEMM then the SwiGLU op (False, the
-    # default); outputs and gradients must be bitwise the same.
+    # default); outputs and gradients must be bitwise the same. (True takes the three nodes: the one node
+    # here in their form, ROUTER_GRAD_IN_SWIGLU=False.)
+    monkeypatch.setattr(mok._fp8_experts, "ROUTER_GRAD_IN_SWIGLU", False)
     inputs, wants = _inputs_wanting(case, device, "all")
     _assert_same_bits_under_settings(monkeypatch, case, inputs, wants,
                                      [dict(FUSED_GATE_UP=True), dict(FUSED_GATE_UP=False)], fp8_dgrad=True,
@@ -269,8 +290,11 @@ def test_gather_quant_gives_the_bits_of_the_bf16_gathers(monkeypatch, device, ca
     # GATHER_QUANT (fp8_wgrad): x_rows' FP8 copies straight from x and, with fp8_dgrad in the three-node
     # path, d_rows' straight from dy (_Fp8DownCombine) (True, the default), or from the bf16 gathers
     # (False); y and every gradient bitwise the same, whichever inputs want a gradient.
+    # (GATHER_QUANT=False leaves the one node, whose v53 router-weight gradient takes other steps: here the
+    # one node in the three nodes' form)
     inputs, wants = _inputs_wanting(case, device, needs)
     monkeypatch.setattr(mok._fp8_experts, "FUSED_SWIGLU_QUANT", fused_node)
+    monkeypatch.setattr(mok._fp8_experts, "ROUTER_GRAD_IN_SWIGLU", False)
     _assert_same_bits_under_settings(monkeypatch, case, inputs, wants,
                                      [dict(GATHER_QUANT=True), dict(GATHER_QUANT=False)], fp8_dgrad=fp8_dgrad,
                                      fp8_wgrad=True)
@@ -333,7 +357,14 @@ def _fp8_wgrad_emulated(a_rows, b_rows, offsets, b_recipe="blockwise_1x128"):
     return R.grouped_mm_fp8_wgrad_blockwise(a_q, a_s.t(), b_q, b_s.t(), offsets)  # scales MN-major
 
 
-def _emulate_fp8_backward(x, idx, w, gate_up, down, g, plan, *, fp8_dgrad, fp8_wgrad, act_col="blockwise_1x128"):
+def _router_grad_in_swiglu(fp8_dgrad, fp8_wgrad):
+    """Whether the layer takes the one node with the router-weight gradient from d_z's side (v53)."""
+    fx = mok._fp8_experts
+    return bool(fp8_dgrad and fp8_wgrad and fx.FUSED_MLP_COMBINE and fx.GATHER_QUANT and fx.ROUTER_GRAD_IN_SWIGLU)
+
+
+def _emulate_fp8_backward(x, idx, w, gate_up, down, g, plan, *, fp8_dgrad, fp8_wgrad, act_col="blockwise_1x128",
+                          scaled=False):
     """Gradients (x, topk_w, gate_up, down) of the recipe in float64 with the kernels' bf16 roundings,
     in the plan's row space (the column-wise FP8 copies of fp8_wgrad are blocked along it: row r of
     the plan holds pair src_of_row[r], padding rows are zero): rows of x gathered, h = bf16(q(x_rows)
@@ -341,7 +372,12 @@ def _emulate_fp8_backward(x, idx, w, gate_up, down, g, plan, *, fp8_dgrad, fp8_w
     d_act = bf16(q(d_rows) Q(down)) (fp8_dgrad) or bf16(d_rows down) ; d_h = bf16(SwiGLU'(h, d_act));
     d_x = sum_k bf16(q(d_h) Q(gate_up)) or of bf16(d_h gate_up); d_gate_up[e] = col(d_h)^T col(x_rows)
     and d_down[e] = col(d_rows)^T col(act) over expert e's rows (fp8_wgrad; the activations' copies in
-    act_col), else in exact math."""
+    act_col), else in exact math.
+
+    scaled (the one node's router-weight gradient from d_z's side, v53; needs fp8_dgrad and fp8_wgrad):
+    d_rows = g unweighted, d_z = bf16(q(d_rows) Q(down)), d_act = s d_z (s the row's router weight, not
+    rounded), d_s = d_z . act, d_topk_w[t, k] = d_s[row_of[t, k]], d_down[e] = col(d_rows)^T col(z) with
+    z = bf16(s act). Then a fifth value: d_topk_w's Cauchy-Schwarz scale, sqrt(sum_r (|d_z_r| |act_r|)^2)."""
     bf = lambda t: t.bfloat16().double()  # noqa: E731
     x64, w64, gu64, dn64, g64 = (t.detach().double().cpu() for t in (x, w, gate_up, down, g))
     T, K = idx.shape
@@ -364,6 +400,18 @@ def _emulate_fp8_backward(x, idx, w, gate_up, down, g, plan, *, fp8_dgrad, fp8_w
     act = bf(R.swiglu(h))
     rows = per_expert(_dq(act, "blockwise_1x128"), lambda e: dn_q[e].t(), H)
     d_w = (g64[:, None, :] * rows[row_of]).sum(-1)  # [T, K]
+    if scaled:
+        assert fp8_dgrad and fp8_wgrad
+        s = w64.reshape(-1)[pair] * real[:, 0]
+        d_rows = g64[pair // K] * real  # g is bf16 already
+        d_z = per_expert(_dq(d_rows, "blockwise_1x128"), lambda e: dn_q[e], two_i // 2)
+        d_s = (d_z * act).sum(1)
+        scale = (d_z.norm(dim=1) * act.norm(dim=1)).norm()
+        d_h = bf(_swiglu_backward(h, s[:, None] * d_z))
+        d_x = per_expert(_dq(d_h, "blockwise_1x128"), lambda e: gu_q[e], H)[row_of].sum(1)
+        d_gu = _fp8_wgrad_emulated(d_h, x_rows, plan.offsets, act_col)
+        d_dn = _fp8_wgrad_emulated(d_rows, bf(s[:, None] * act), plan.offsets, act_col)
+        return d_x, d_s[row_of], d_gu, d_dn, scale
     if fp8_dgrad:
         d_act = per_expert(_dq(d_rows, "blockwise_1x128"), lambda e: dn_q[e], two_i // 2)
     else:
@@ -383,7 +431,8 @@ def _emulate_fp8_backward(x, idx, w, gate_up, down, g, plan, *, fp8_dgrad, fp8_w
     return d_x, d_w, d_gu, d_dn
 
 
-def _check_fp8_wgrad(x, idx, w, gu, dn, fp8_dgrad, really_fp8=True, tol=TOL_EMULATION, fp8_wgrad=True):
+def _check_fp8_wgrad(x, idx, w, gu, dn, fp8_dgrad, really_fp8=True, tol=TOL_EMULATION, fp8_wgrad=True,
+                     perturb_topk_w=1.0):
     """fp8_wgrad (True, or "tiled": the activations' column-wise copies in 128 x 128 tiles) against its
     emulation; the forward, d_x and d_topk_w bitwise those of fp8_wgrad=False; the weight gradients off
     the BF16-wgrad ones by about an E4M3 step."""
@@ -393,14 +442,17 @@ def _check_fp8_wgrad(x, idx, w, gu, dn, fp8_dgrad, really_fp8=True, tol=TOL_EMUL
     assert torch.equal(y, y_bf16_wgrad)  # the forward does not change (quantize_rowcol's q is quantize's)
     g = torch.randn_like(y)
     grads = torch.autograd.grad(y, (x, w, gu, dn), g)
+    grads = (grads[0], grads[1] * perturb_topk_w) + grads[2:]  # (the negative control's)
     assert grads[2].shape == gu.shape and grads[3].shape == dn.shape
     assert grads[2].dtype == grads[3].dtype == torch.bfloat16
     plan = mok.functional.moe_plan(idx, E)  # the plan moe_experts builds (deterministic)
+    scaled = _router_grad_in_swiglu(fp8_dgrad, fp8_wgrad)
     want = _emulate_fp8_backward(x, idx, w, gu, dn, g, plan, fp8_dgrad=fp8_dgrad, fp8_wgrad=True,
-                                 act_col=mok._fp8_experts.wgrad_act_col_recipe(fp8_wgrad))
-    check_grads(grads, want, g, x, idx, gu, dn, tol=tol)
+                                 act_col=mok._fp8_experts.wgrad_act_col_recipe(fp8_wgrad), scaled=scaled)
+    check_grads(grads, want[:4], g, x, idx, gu, dn, tol=tol, topk_w_scale=want[4] if scaled else None)
     grads_bf16_wgrad = torch.autograd.grad(y_bf16_wgrad, (x, w, gu, dn), g)
-    assert torch.equal(grads[0], grads_bf16_wgrad[0]) and torch.equal(grads[1], grads_bf16_wgrad[1])
+    if not scaled:  # (scaled: d_rows' copies are unweighted, so d_x moves by E4M3 steps)
+        assert torch.equal(grads[0], grads_bf16_wgrad[0]) and torch.equal(grads[1], grads_bf16_wgrad[1])
     if really_fp8:
         for i in (2, 3):
             assert 1e-2 < rel_err(grads[i], grads_bf16_wgrad[i]) < 0.12, GRAD_NAMES[i]
@@ -426,6 +478,36 @@ def test_fp8_wgrad_matches_its_emulation(device, case, fp8_dgrad, fp8_wgrad):
     # (one token: each column block of the FP8 copies holds one nonzero value, which E4M3 with its
     # own scale represents exactly, so the FP8 weight gradient equals the BF16 one there)
     _check_fp8_wgrad(x, idx, w, gu, dn, fp8_dgrad, really_fp8=case.T > 1, tol=tol, fp8_wgrad=fp8_wgrad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_all_router_grad_check_fails_on_a_2_percent_error(device):
+    # negative control of the v53 one node's d_topk_w check: the same run with d_topk_w 2% off fails it
+    x, idx, w, gu, dn = make_moe_inputs(CASES[4], torch.bfloat16, device=device, requires_grad=True)
+    assert _router_grad_in_swiglu(True, True)
+    _check_fp8_wgrad(x, idx, w, gu, dn, fp8_dgrad=True, tol=tol_fp8_dgrad(CASES[4]))
+    with pytest.raises(AssertionError, match="topk_w"):
+        _check_fp8_wgrad(x, idx, w, gu, dn, fp8_dgrad=True, tol=tol_fp8_dgrad(CASES[4]), perturb_topk_w=1.02)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("needs", ["no_x", "no_w"])
+def test_fp8_all_router_grad_in_swiglu_for_each_subset_of_gradients(device, needs):
+    # the v53 one node when only some inputs want a gradient (it runs when both weights want one): each
+    # gradient bitwise the one of the run that wants all four
+    case = CASES[4]
+    x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16, device=device, requires_grad=True)
+    y = mok.functional.moe_experts(x, idx, w, gu, dn, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True)
+    g = torch.randn_like(y)
+    everything = dict(zip(("x", "w", "gu", "dn"), torch.autograd.grad(y, (x, w, gu, dn), g)))
+    off = "x" if needs == "no_x" else "w"
+    inputs = dict(x=x, w=w, gu=gu, dn=dn)
+    inputs[off] = inputs[off].detach()
+    y = mok.functional.moe_experts(inputs["x"], idx, inputs["w"], inputs["gu"], inputs["dn"], recipe="blockwise",
+                                   fp8_dgrad=True, fp8_wgrad=True)
+    names = [n for n in ("x", "w", "gu", "dn") if n != off]
+    for name, got in zip(names, torch.autograd.grad(y, [inputs[n] for n in names], g)):
+        assert torch.equal(got, everything[name]), name
 
 
 def test_fp8_backward_emulation_agrees_with_the_per_token_one():

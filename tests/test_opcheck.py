@@ -63,6 +63,13 @@ def op_cases(device):
                                 (torch.randn(130, 512, device=device, dtype=torch.bfloat16),
                                  torch.randn(130, 256, device=device, dtype=torch.bfloat16), True, True, False, True,
                                  "blockwise_128x128")],
+        "swiglu_scaled_quantize_fp8": [(torch.randn(130, 256, device=device, dtype=torch.bfloat16), None,
+                                        torch.rand(130, device=device), True, True),
+                                       (torch.randn(130, 512, device=device, dtype=torch.bfloat16),
+                                        torch.randn(130, 256, device=device, dtype=torch.bfloat16),
+                                        torch.rand(130, device=device), True, True, True, "blockwise_128x128"),
+                                       (torch.randn(9, 80, device=device), torch.randn(9, 40, device=device),
+                                        torch.rand(9, device=device), False, True)],
         "grouped_mm_fp8": [fp8_gemm_case(device)],
         "grouped_mm_fp8_swiglu": [fp8_gemm_case(device)],  # b's 256 rows: [gate | up] of I = 128
         "grouped_mm_fp8_wgrad": [fp8_wgrad_case(device)],
@@ -112,7 +119,9 @@ def test_every_op_has_a_case():
 def test_opcheck(device, name):
     # NOTE: opcheck's schema test does arithmetic on the inputs, which float8 tensors do not support.
     utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    kw = {"test_utils": utils} if name in ("dequantize_fp8", "swiglu_quantize_fp8", "grouped_mm_fp8", "grouped_mm_fp8_swiglu", "grouped_mm_fp8_wgrad") else {}
+    fp8_out = ("dequantize_fp8", "swiglu_quantize_fp8", "swiglu_scaled_quantize_fp8", "grouped_mm_fp8",
+               "grouped_mm_fp8_swiglu", "grouped_mm_fp8_wgrad")
+    kw = {"test_utils": utils} if name in fp8_out else {}
     for args in op_cases(device)[name]:
         torch.library.opcheck(getattr(ops, name).default, args, **kw)
 

@@ -122,3 +122,91 @@ def test_bad_input_names_the_argument(device):
         ops.swiglu_quantize_fp8(h, torch.randn(4, 128, device=device), True, False, False)
     with pytest.raises(ValueError, match="h must be contiguous"):
         ops.swiglu_quantize_fp8(torch.randn(256, 4, device=device, dtype=torch.bfloat16).t(), None, True, False, False)
+
+
+# ---- swiglu_scaled_quantize_fp8 (v53): the row-scaled form z = s * swiglu(h) of the all-FP8 layer ----
+
+def make_row_scale(R, device):
+    """Router-weight-like scales with the edge values: zeros (padding rows), a negative and a large one."""
+    s = torch.rand(R, device=device)
+    if R > 6:
+        s[1] = 0
+        s[4] = -0.75
+        s[6] = 300.0
+    return s
+
+
+def scaled_definition(h, d_z, s, rows, cols, mn, col):
+    """(q, scales, qt, scales_t, d_s) by the separate ops (the op's definition)."""
+    R, I = h.shape[0], h.shape[1] // 2
+    src = torch.arange(R, device=h.device, dtype=torch.int32)
+    dz = d_z if d_z is not None else torch.zeros(R, I, device=h.device, dtype=h.dtype)
+    d_h, z, d_s = ops.swiglu_scaled_backward(h, dz, src, s.view(R, 1))
+    row_src, col_src = (d_h, d_h) if d_z is not None else (ops.swiglu(h), z)
+    q, sc = ops.quantize_fp8(row_src, RECIPE) if rows else (None, None)
+    qt, st = ops.quantize_fp8_rowcol(col_src, RECIPE, mn, col)[2:] if cols else (None, None)
+    return q, sc, qt, st, (d_s if d_z is not None else None), (dz, ops.swiglu(h))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("R,I", SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+@pytest.mark.parametrize("special", [False, True], ids=["randn", "special"])
+def test_scaled_matches_its_definition(device, R, I, backward, special):
+    # the codes and scales bit for bit those of the separate ops (forward: act's row-wise copy, z's
+    # column-wise one; backward: d_h's for d_act = s * d_z); d_s = d_z . act: on the GPU the kernel's
+    # per-128-column partial sums added in a fixed order, equal to swiglu_scaled_backward's up to fp32
+    # rounding (measured against the Cauchy-Schwarz scale |d_z_r| |act_r|, so cancellation is not an error)
+    h = make_h(R, I, device, special)
+    s = make_row_scale(R, device)
+    d_z = (torch.randn(R, I, device=device) * 2).to(torch.bfloat16) if backward else None
+    for rows, cols in ((True, True), (True, False), (False, True)):
+        for mn, col in ((False, None), (True, None), (True, "blockwise_128x128")):
+            got = ops.swiglu_scaled_quantize_fp8(h, d_z, s, rows, cols, mn, col)
+            want = scaled_definition(h, d_z, s, rows, cols, mn, col)
+            what = f"R={R} I={I} backward={backward} rows={rows} cols={cols} mn={mn} col={col}"
+            for name, g, ref in zip(("q", "scales", "qt", "scales_t"), got[:4], want[:4]):
+                if ref is None:
+                    assert g.numel() == 0, f"{what}: {name} was not asked for, got shape {tuple(g.shape)}"
+                else:
+                    assert same_bits(g, ref), f"{what}: {name} differs from the definition"
+            if not backward:
+                assert got[4].numel() == 0, f"{what}: d_s in the forward"
+                continue
+            assert got[4].shape == (R,) and got[4].dtype == torch.float32
+            dz, act = (t.double() for t in want[5])
+            finite = torch.isfinite(dz).all(1) & torch.isfinite(act).all(1)
+            scale = dz.norm(dim=1) * act.norm(dim=1) + 1e-30
+            err = ((got[4].double() - want[4].double()).abs() / scale)[finite]
+            assert err.numel() == 0 or err.max() < 1e-5, f"{what}: d_s"
+            # NaN / Inf in a row's inputs reach its d_s as in the definition
+            assert torch.equal(torch.isfinite(got[4]), torch.isfinite(want[4])), f"{what}: d_s's non-finite rows"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scaled_other_widths_and_dtypes_take_the_composition(device):
+    for h in (torch.randn(33, 80, device=device, dtype=torch.bfloat16), torch.randn(9, 256, device=device)):
+        R, I = h.shape[0], h.shape[1] // 2
+        s = make_row_scale(R, device)
+        for d_z in (None, torch.randn(R, I, device=device, dtype=h.dtype)):
+            got = ops.swiglu_scaled_quantize_fp8(h, d_z, s, True, True)
+            want = scaled_definition(h, d_z, s, True, True, False, None)
+            for name, g, ref in zip(("q", "scales", "qt", "scales_t", "d_s"), got, want):
+                if ref is not None:
+                    assert same_bits(g, ref), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scaled_bad_input_names_the_argument(device):
+    h = torch.randn(4, 256, device=device, dtype=torch.bfloat16)
+    s = torch.rand(4, device=device)
+    with pytest.raises(ValueError, match="rows and cols are both false"):
+        ops.swiglu_scaled_quantize_fp8(h, None, s, False, False)
+    with pytest.raises(ValueError, match="row_scale.shape\\[0\\] must be 4"):
+        ops.swiglu_scaled_quantize_fp8(h, None, torch.rand(5, device=device), True, True)
+    with pytest.raises(ValueError, match="row_scale must be"):
+        ops.swiglu_scaled_quantize_fp8(h, None, s.bfloat16(), True, True)
+    with pytest.raises(ValueError, match="d_z.shape\\[1\\] must be 128"):
+        ops.swiglu_scaled_quantize_fp8(h, torch.randn(4, 64, device=device, dtype=torch.bfloat16), s, True, False)
+    with pytest.raises(ValueError, match="col_recipe"):
+        ops.swiglu_scaled_quantize_fp8(h, None, s, True, True, False, "mxfp8")

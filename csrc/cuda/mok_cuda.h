@@ -230,6 +230,13 @@ struct mok_swiglu_quantize_fp8_args {
                         * scales_t_mn_major */
     int scales_t_mn_major; /* the FP8 weight gradient's operand layout, written by the kernel */
     int col_tile;          /* the column-wise copy in 128 x 128 blocks (quantize(y^T, "blockwise_128x128")) */
+    /* Row-scaled (v53; the all-FP8 layer's router weights, z = s * act): with row_scale set, forward
+     * (needs qt): the column-wise copy is of z = bf16(s[r] * act[r]), the row-wise copy and out stay
+     * act's; backward: d_act holds d_z and y = mok_swiglu_scaled_backward(h, d_z, s)'s d_h, with
+     * d_s_part[tn * R + r] = sum over columns [128 tn, 128 tn + 128) of d_z[r, j] * act[r, j] (a
+     * fixed-shape sum; the caller adds the I / 128 partials in a fixed order). */
+    const float* row_scale; /* [R] or NULL */
+    float* d_s_part;        /* [I / 128, R]: backward with row_scale */
 };
 int mok_swiglu_quantize_fp8_cuda(const struct mok_swiglu_quantize_fp8_args* args, cudaStream_t stream);
 

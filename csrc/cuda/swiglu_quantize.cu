@@ -16,16 +16,16 @@ namespace {
 
 enum { kMinBlocks = 2 }; /* CTAs per SM (v39: benchmarks/swiglu_quant_timing.cu) */
 
-template <bool kBackward>
+template <bool kBackward, bool kScaled>
 void launch(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_args& sw, bool rows, bool cols,
             unsigned grid, cudaStream_t stream) {
     using namespace mok_qtile;
     if (rows && cols)
-        swiglu_quantize_bf16_kernel<kBackward, true, true, kMinBlocks><<<grid, kThreads, 0, stream>>>(t, sw);
+        swiglu_quantize_bf16_kernel<kBackward, true, true, kMinBlocks, kScaled><<<grid, kThreads, 0, stream>>>(t, sw);
     else if (rows)
-        swiglu_quantize_bf16_kernel<kBackward, true, false, kMinBlocks><<<grid, kThreads, 0, stream>>>(t, sw);
+        swiglu_quantize_bf16_kernel<kBackward, true, false, kMinBlocks, kScaled><<<grid, kThreads, 0, stream>>>(t, sw);
     else
-        swiglu_quantize_bf16_kernel<kBackward, false, true, kMinBlocks><<<grid, kThreads, 0, stream>>>(t, sw);
+        swiglu_quantize_bf16_kernel<kBackward, false, true, kMinBlocks, kScaled><<<grid, kThreads, 0, stream>>>(t, sw);
 }
 
 }  // namespace
@@ -39,6 +39,7 @@ extern "C" int mok_swiglu_quantize_fp8_cuda(const struct mok_swiglu_quantize_fp8
     MOK_CHECK_ARG(!cols || a->scales_t != NULL);
     if (a->R == 0) return 0;
     MOK_CHECK_ARG(a->h != NULL && mok_aligned16(a->h, a->d_act, a->out));
+    MOK_CHECK_ARG(!(backward && a->row_scale != NULL) || a->d_s_part != NULL);
     const int64_t N = backward ? 2 * a->I : a->I;
     const int64_t tiles = tile_count(a->R, N); /* of the output */
     MOK_CHECK_ARG(tiles <= MOK_INT32_LIMIT);
@@ -50,7 +51,14 @@ extern "C" int mok_swiglu_quantize_fp8_cuda(const struct mok_swiglu_quantize_fp8
     sw.d_act = static_cast<const __nv_bfloat16*>(a->d_act);
     sw.out = static_cast<__nv_bfloat16*>(a->out);
     sw.I = a->I;
-    if (backward) launch<true>(t, sw, rows, cols, (unsigned)tiles, stream);
-    else launch<false>(t, sw, rows, cols, (unsigned)tiles, stream);
+    sw.row_scale = a->row_scale;
+    sw.d_s_part = a->d_s_part;
+    sw.R = a->R;
+    /* the forward's scale touches only the column-wise copy: without one it is the plain kernel */
+    const bool scaled = a->row_scale != NULL && (backward || cols);
+    if (backward && scaled) launch<true, true>(t, sw, rows, cols, (unsigned)tiles, stream);
+    else if (backward) launch<true, false>(t, sw, rows, cols, (unsigned)tiles, stream);
+    else if (scaled) launch<false, true>(t, sw, rows, cols, (unsigned)tiles, stream);
+    else launch<false, false>(t, sw, rows, cols, (unsigned)tiles, stream);
     return mok_launch_status();
 }

@@ -17,6 +17,7 @@
 #include "quant/swiglu_quantize_tile.cuh"
 #include "mok_core.h"
 
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -244,26 +245,53 @@ void run_gather_case(Rng& rng, Recipe r, int64_t T, int64_t K, int64_t M, int64_
  * against SwiGLU computed here with the same functions, then the C core's quantisations. */
 /* mn / col_tile (v52, the one-node FP8 layer's column copies): scales_t MN-major, the column-wise copy in
  * 128 x 128 tiles, checked as run_case checks them. */
+/* scaled (v53, the row-scaled form z = s * act): row scales with zeros, a negative and a large one; the
+ * forward's column-wise copy is z = bf16(s * act)'s, the backward's d_act is s * d_z, and the d_gate tiles'
+ * partial sums of d_z . act are checked bit for bit against the kernel's order (each piece of 8 columns in
+ * increasing j, then the butterfly over the 16 pieces: at each step a piece adds its partner's sum to its
+ * own), NaN against NaN. */
 void run_swiglu_case(Rng& rng, bool backward, bool rows, bool cols, bool keep, int64_t R, int64_t I, bool mn = false,
-                     bool col_tile = false) {
+                     bool col_tile = false, bool scaled = false) {
     using namespace mok_qtile;
     const int64_t N = backward ? 2 * I : I;
     std::vector<uint16_t> h = make_input(rng, R, 2 * I), da = make_input(rng, R, I);
-    /* the reference: y = SwiGLU(h) or its gradient, rounded to bf16 */
-    std::vector<uint16_t> y((size_t)(R * N));
-    for (int64_t r = 0; r < R; ++r)
+    std::vector<float> sc((size_t)R + 4); /* + 4: a 16-byte load never reads past the vector */
+    for (int64_t r = 0; r < R; ++r) {
+        const int kind = rng.below(12);
+        sc[(size_t)r] = kind == 0 ? 0.f : kind == 1 ? -0.75f : kind == 2 ? 300.f : (float)(rng.below(1 << 20)) / (1 << 20);
+    }
+    /* the reference: y = SwiGLU(h) or its gradient, rounded to bf16; z (scaled forward); the partial sums */
+    std::vector<uint16_t> y((size_t)(R * N)), z(scaled && !backward ? (size_t)(R * N) : 0);
+    std::vector<float> part_want(scaled && backward ? (size_t)(R * (I / 128)) : 0);
+    for (int64_t r = 0; r < R; ++r) {
+        float piece[16] = {0};
         for (int64_t j = 0; j < I; ++j) {
             const float g = emu::float_of((uint32_t)h[(size_t)(r * 2 * I + j)] << 16);
             const float u = emu::float_of((uint32_t)h[(size_t)(r * 2 * I + I + j)] << 16);
             if (!backward) {
                 y[(size_t)(r * I + j)] = bf16_bits(mok_swiglu(g, u));
+                if (scaled) z[(size_t)(r * I + j)] = bf16_bits(sc[(size_t)r] * emu::float_of((uint32_t)y[(size_t)(r * I + j)] << 16));
                 continue;
             }
+            const float dz = emu::float_of((uint32_t)da[(size_t)(r * I + j)] << 16);
             float d_gate, d_up;
-            mok_swiglu_grad(g, u, emu::float_of((uint32_t)da[(size_t)(r * I + j)] << 16), d_gate, d_up);
+            mok_swiglu_grad(g, u, scaled ? sc[(size_t)r] * dz : dz, d_gate, d_up);
             y[(size_t)(r * N + j)] = bf16_bits(d_gate);
             y[(size_t)(r * N + I + j)] = bf16_bits(d_up);
+            if (!scaled) continue;
+            const float act = emu::float_of((uint32_t)bf16_bits(mok_swiglu(g, u)) << 16);
+            piece[(j % 128) / 8] = piece[(j % 128) / 8] + dz * act;
+            if (j % 128 == 127) {
+                for (int off = 1; off < 16; off *= 2) {
+                    float next[16];
+                    for (int p = 0; p < 16; ++p) next[p] = piece[p] + piece[p ^ off];
+                    for (int p = 0; p < 16; ++p) piece[p] = next[p];
+                }
+                part_want[(size_t)((j / 128) * R + r)] = piece[0];
+                for (float& v : piece) v = 0.f;
+            }
         }
+    }
     std::vector<uint8_t> q(rows ? (size_t)(R * N) : 0, 0xA5), s(rows ? (size_t)(R * (N / 128)) * 4 : 0, 0xA5);
     const Recipe rt = col_tile ? k128x128 : k1x128;
     std::vector<uint8_t> qt(cols ? (size_t)(R * N) : 0, 0xA5);
@@ -278,11 +306,20 @@ void run_swiglu_case(Rng& rng, bool backward, bool rows, bool cols, bool keep, i
     sw.d_act = backward ? reinterpret_cast<const __nv_bfloat16*>(da.data()) : nullptr;
     sw.out = keep ? reinterpret_cast<__nv_bfloat16*>(out.data()) : nullptr;
     sw.I = I;
+    std::vector<float> part(scaled && backward ? (size_t)(R * (I / 128)) : 0, -12345.f);
+    sw.row_scale = scaled ? sc.data() : nullptr;
+    sw.d_s_part = scaled && backward ? part.data() : nullptr;
+    sw.R = R;
     char label[160];
-    snprintf(label, sizeof label, "swiglu %s rows=%d cols=%d keep=%d R=%lld I=%lld mn=%d col_tile=%d",
-             backward ? "backward" : "forward", rows, cols, keep, (long long)R, (long long)I, mn, col_tile);
+    snprintf(label, sizeof label, "swiglu %s rows=%d cols=%d keep=%d R=%lld I=%lld mn=%d col_tile=%d scaled=%d",
+             backward ? "backward" : "forward", rows, cols, keep, (long long)R, (long long)I, mn, col_tile, scaled);
     const bool ok = launched(label, (unsigned)tile_count(R, N), [&] {
-        if (backward && rows && cols) swiglu_quantize_bf16_kernel<true, true, true, 2>(a, sw);
+        if (scaled && backward && rows && cols) swiglu_quantize_bf16_kernel<true, true, true, 2, true>(a, sw);
+        else if (scaled && backward && rows) swiglu_quantize_bf16_kernel<true, true, false, 2, true>(a, sw);
+        else if (scaled && backward) swiglu_quantize_bf16_kernel<true, false, true, 2, true>(a, sw);
+        else if (scaled && rows) swiglu_quantize_bf16_kernel<false, true, true, 2, true>(a, sw);
+        else if (scaled) swiglu_quantize_bf16_kernel<false, false, true, 2, true>(a, sw);
+        else if (backward && rows && cols) swiglu_quantize_bf16_kernel<true, true, true, 2>(a, sw);
         else if (backward && rows) swiglu_quantize_bf16_kernel<true, true, false, 2>(a, sw);
         else if (backward) swiglu_quantize_bf16_kernel<true, false, true, 2>(a, sw);
         else if (rows && cols) swiglu_quantize_bf16_kernel<false, true, true, 2>(a, sw);
@@ -297,7 +334,19 @@ void run_swiglu_case(Rng& rng, bool backward, bool rows, bool cols, bool keep, i
     }
     if (rows) expect_core_quantization(k1x128, y, R, N, q, s, label, "");
     if (cols && mn) st = transpose_bytes(st, cdiv(R, 128), col_tile ? cdiv(N, 128) : N, 4);
-    if (cols) expect_core_quantization(rt, transpose(y, R, N), N, R, qt, st, label, " transposed");
+    const std::vector<uint16_t>& col_src = scaled && !backward ? z : y;
+    if (cols) expect_core_quantization(rt, transpose(col_src, R, N), N, R, qt, st, label, " transposed");
+    if (scaled && backward) {
+        /* bitwise, NaN against NaN (any payload) */
+        std::vector<uint8_t> got(part.size() * 4), want(part.size() * 4);
+        for (size_t i = 0; i < part.size(); ++i) {
+            const bool both_nan = part[i] != part[i] && part_want[i] != part_want[i];
+            const float g = both_nan ? 0.f : part[i], w = both_nan ? 0.f : part_want[i];
+            memcpy(&got[4 * i], &g, 4);
+            memcpy(&want[4 * i], &w, 4);
+        }
+        expect_equal(got, want, std::string(label) + " d_s partial sums");
+    }
 }
 
 }  // namespace
@@ -366,6 +415,16 @@ int main(int argc, char** argv) {
             for (bool backward : {false, true})
                 for (const auto& mt : std::vector<std::pair<bool, bool>>{{true, false}, {false, true}, {true, true}})
                     run_swiglu_case(rng, backward, true, true, false, R, I, mt.first, mt.second);
+    /* the row-scaled form (v53): forward with both copies or the column-wise one (the row-wise alone is the
+     * plain kernel), backward every combination; ragged R, one and several column tiles, the one node's
+     * layouts */
+    for (int64_t R : {1, 16, 130, 1 + rng.below(300)})
+        for (int64_t I : {128, 384}) {
+            run_swiglu_case(rng, false, true, true, false, R, I, true, false, true);
+            run_swiglu_case(rng, false, false, true, true, R, I, false, true, true);
+            run_swiglu_case(rng, false, true, true, false, R, I, true, true, true);
+            for (const auto& f : flags) run_swiglu_case(rng, true, f[0], f[1], f[2], R, I, true, R % 2 == 0, true);
+        }
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

@@ -15,6 +15,15 @@
  * d_act (10 bytes read per (r, j) instead of 6, still less than the bf16 d_h's round trip). Rows
  * past R compute as zeros (SwiGLU and its gradient of zeros are zeros), which leave every amax
  * unchanged, and are never stored.
+ *
+ * Row-scaled (kScaled, swiglu_tile_args::row_scale set; v53): the all-FP8 layer's form of the router
+ * weights, z = s * act with s[r] the row's router weight (mok/_down_combine.py explains it). Forward:
+ * the row-wise copy is act's (GEMM2's operand), the column-wise copy z's, z = bf16(s[r] * act) (the
+ * weight gradient's operand). Backward: the incoming d_act is d_z, the gradient is SwiGLU's for
+ * d_act = s[r] * d_z (not rounded in between, as mok_swiglu_scaled_backward), and each d_gate tile
+ * also writes d_s_part[tn * R + r] = sum over its 128 columns of d_z[r, j] * act[r, j] (act rounded
+ * to bf16 as the forward stored it): the router-weight gradient's partial sums, which the caller adds
+ * over tn in a fixed order. Within a tile the sum is fixed-shape (swiglu_block): bitwise reproducible.
  */
 #ifndef MOK_CUDA_QUANT_SWIGLU_QUANTIZE_TILE_CUH
 #define MOK_CUDA_QUANT_SWIGLU_QUANTIZE_TILE_CUH
@@ -34,6 +43,9 @@ struct swiglu_tile_args {
     const __nv_bfloat16* d_act; /* [R, I], backward only */
     __nv_bfloat16* out;         /* the bf16 result (act [R, I] or d_h [R, 2I]), or null */
     int64_t I;
+    const float* row_scale;     /* kScaled: s [R] */
+    float* d_s_part;            /* kScaled backward: [I / 128, R] */
+    int64_t R;                  /* rows (kScaled) */
 };
 
 /* Two floats rounded to bf16 (mok_from_acc: RNE, NaN kept quiet), low and high half of a word. */
@@ -44,47 +56,77 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 
 enum swiglu_part { kAct, kGate, kUp }; /* act (forward); d_gate, d_up (the two halves of d_h) */
 
-/* The thread's 8 x 8 block of act, d_gate or d_up as packed bf16 words (load_block's layout). */
-template <swiglu_part kPart>
-__device__ __forceinline__ void swiglu_block(const swiglu_tile_args& s, const tile_thread& t, uint32_t (&w)[8][4]) {
+/* v rounded to bf16 (mok_from_acc) and back: act as the forward stores it. */
+__device__ __forceinline__ float bf16_rounded(float v) {
+    return __uint_as_float((uint32_t)__bfloat16_as_ushort(mok_from_acc<__nv_bfloat16>(v)) << 16);
+}
+
+/* The thread's 8 x 8 block of act, d_gate or d_up as packed bf16 words (load_block's layout).
+ * kScaled backward: sc[i] (shared memory) scales row i's d_act; d_gate blocks also return, in the
+ * thread of piece p < 8, row r0 + p's sum of d_act * act over the tile's 128 columns (act rounded to
+ * bf16 first): each thread sums its 8 columns in increasing j, then the 16 threads of the row band
+ * (one half-warp, the same g) add by a butterfly, row by row as the rows are done. */
+template <swiglu_part kPart, bool kScaled = false>
+__device__ __forceinline__ float swiglu_block(const swiglu_tile_args& s, const tile_thread& t, uint32_t (&w)[8][4],
+                                              const float* sc) {
+    /* NOTE: every load of a batch is issued before any value is used (up to 24 x 16 bytes in flight per
+     * thread; d_up needs no u, act no d_act). The scaled backward loads in two batches of 4 rows: with 8
+     * rows in flight its extra state spilled (44-112 bytes, ptxas); 2 CTAs x 256 threads x 48 B x 4 rows
+     * is still ~100 KB in flight per SM. */
+    enum { kBatch = kScaled && kPart != kAct ? 4 : 8 };
+    float mine = 0.f;
     const int64_t I = s.I;
-    uint4 g[8], u[8], da[8];
-    /* NOTE: every load is issued before any value is used (16 or 24 x 16 bytes in flight per thread);
-     * d_up needs no u, act no d_act. */
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        g[i] = u[i] = da[i] = make_uint4(0u, 0u, 0u, 0u);
-        if (i < t.rows) {
-            const __nv_bfloat16* row = s.h + (t.r0 + i) * 2 * I + t.c;
-            g[i] = __ldg(reinterpret_cast<const uint4*>(row));
-            if (kPart != kUp) u[i] = __ldg(reinterpret_cast<const uint4*>(row + I));
-            if (kPart != kAct) da[i] = __ldg(reinterpret_cast<const uint4*>(s.d_act + (t.r0 + i) * I + t.c));
-        }
-    }
+    for (int b0 = 0; b0 < 8; b0 += kBatch) {
+        uint4 g[kBatch], u[kBatch], da[kBatch];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const uint32_t gw[4] = {g[i].x, g[i].y, g[i].z, g[i].w}, uw[4] = {u[i].x, u[i].y, u[i].z, u[i].w};
-        const uint32_t dw[4] = {da[i].x, da[i].y, da[i].z, da[i].w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            float v[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float gv = h ? hi_f(gw[k]) : lo_f(gw[k]), uv = h ? hi_f(uw[k]) : lo_f(uw[k]);
-                const float dv = h ? hi_f(dw[k]) : lo_f(dw[k]);
-                if (kPart == kAct) {
-                    v[h] = mok_swiglu(gv, uv);
-                } else {
-                    /* NOTE: the stand-alone kernel's mok_swiglu_grad computes both halves; each is
-                     * its own expression, so computing one of them gives the same bits. */
-                    float d_gate, d_up;
-                    mok_swiglu_grad(gv, uv, dv, d_gate, d_up);
-                    v[h] = kPart == kGate ? d_gate : d_up;
-                }
+        for (int b = 0; b < kBatch; ++b) {
+            const int i = b0 + b;
+            g[b] = u[b] = da[b] = make_uint4(0u, 0u, 0u, 0u);
+            if (i < t.rows) {
+                const __nv_bfloat16* row = s.h + (t.r0 + i) * 2 * I + t.c;
+                g[b] = __ldg(reinterpret_cast<const uint4*>(row));
+                if (kPart != kUp) u[b] = __ldg(reinterpret_cast<const uint4*>(row + I));
+                if (kPart != kAct) da[b] = __ldg(reinterpret_cast<const uint4*>(s.d_act + (t.r0 + i) * I + t.c));
             }
-            w[i][k] = pack_bf16x2(v[0], v[1]);
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+            const int i = b0 + b;
+            float dot = 0.f;
+            const float si = kScaled ? sc[i] : 1.f;
+            const uint32_t gw[4] = {g[b].x, g[b].y, g[b].z, g[b].w}, uw[4] = {u[b].x, u[b].y, u[b].z, u[b].w};
+            const uint32_t dw[4] = {da[b].x, da[b].y, da[b].z, da[b].w};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                float v[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float gv = h ? hi_f(gw[k]) : lo_f(gw[k]), uv = h ? hi_f(uw[k]) : lo_f(uw[k]);
+                    const float dv = h ? hi_f(dw[k]) : lo_f(dw[k]);
+                    if (kPart == kAct) {
+                        v[h] = mok_swiglu(gv, uv);
+                    } else {
+                        if (kScaled && kPart == kGate) /* j increasing: column 2k + h of the block */
+                            dot = mok_add(dot, mok_mul(dv, bf16_rounded(mok_swiglu(gv, uv))));
+                        /* NOTE: the stand-alone kernel's mok_swiglu_grad computes both halves; each is
+                         * its own expression, so computing one of them gives the same bits. */
+                        float d_gate, d_up;
+                        mok_swiglu_grad(gv, uv, kScaled ? mok_mul(si, dv) : dv, d_gate, d_up);
+                        v[h] = kPart == kGate ? d_gate : d_up;
+                    }
+                }
+                w[i][k] = pack_bf16x2(v[0], v[1]);
+            }
+            if (kScaled && kPart == kGate) {
+                /* NOTE: every lane runs the shuffles (rows past R hold zeros), so the full mask is right. */
+#pragma unroll
+                for (int off = 1; off < kPieces; off *= 2) dot = mok_add(dot, __shfl_xor_sync(0xFFFFFFFFu, dot, off));
+                if (t.p == i) mine = dot;
+            }
         }
     }
+    return mine;
 }
 
 /* The block's 8 rows of bf16 words to dst (row stride ld elements), 16-byte stores. */
@@ -94,16 +136,40 @@ __device__ __forceinline__ void store_block(__nv_bfloat16* dst, int64_t ld, int 
         if (i < rows) *reinterpret_cast<uint4*>(dst + i * ld) = make_uint4(w[i][0], w[i][1], w[i][2], w[i][3]);
 }
 
+/* The tile's 128 row scales (0 past R) into shared memory, one per thread of the first 128, then a
+ * barrier. Why shared memory and not registers: the backward holds 24 x 16 bytes of loads per thread
+ * at 128 registers, and eight more live scales spilled (44-88 bytes, ptxas); a row's scale is read
+ * where the row is used, a broadcast within each half-warp. */
+__device__ __forceinline__ void stage_row_scales(const swiglu_tile_args& sw, int64_t m0, float* s_scale) {
+    const int64_t r = m0 + (int64_t)threadIdx.x;
+    if (threadIdx.x < kTile) s_scale[threadIdx.x] = r < sw.R ? __ldg(sw.row_scale + r) : 0.f;
+    __syncthreads();
+}
+
 /* One output tile: its block computed, stored as bf16 (when asked for) and quantised. */
-template <swiglu_part kPart, bool kRows, bool kCols>
+template <swiglu_part kPart, bool kRows, bool kCols, bool kScaled>
 __device__ __forceinline__ void swiglu_quantize_tile(const tile_args& a, const swiglu_tile_args& sw, int tm, int tn,
-                                                     rowcol_smem<128>& s) {
+                                                     rowcol_smem<128>& s, float* s_scale) {
     const tile_thread t = tile_thread_at(a, tm, tn); /* t.c: the column in [0, I) */
+    if (kScaled) stage_row_scales(sw, t.m0, s_scale);
+    const float* sc = s_scale + 8 * t.g; /* the thread's 8 rows' scales */
     uint32_t w[8][4];
-    swiglu_block<kPart>(sw, t, w);
+    const float dot = swiglu_block<kPart, kScaled>(sw, t, w, sc);
+    /* the router-weight gradient's partial sum of row r0 + p over this tile's columns */
+    if (kScaled && kPart == kGate && t.p < t.rows) sw.d_s_part[(int64_t)t.tn * sw.R + t.r0 + t.p] = dot;
     const tile_thread to = kPart == kUp ? tile_thread_at(a, tm, tn + (int)(sw.I / kTile)) : t; /* in the output */
     if (sw.out != 0) store_block(sw.out + to.r0 * a.N + to.c, a.N, to.rows, w);
-    quantize_tile_block<128, false, kRows, kCols>(a, to, w, s);
+    if (!(kScaled && kPart == kAct && kCols)) {
+        quantize_tile_block<128, false, kRows, kCols>(a, to, w, s);
+        return;
+    }
+    /* forward, row-scaled: act's row-wise codes, then z = bf16(s * act) in place and its column-wise ones */
+    quantize_tile_block<128, false, kRows, false>(a, to, w, s);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) w[i][k] = pack_bf16x2(mok_mul(sc[i], lo_f(w[i][k])), mok_mul(sc[i], hi_f(w[i][k])));
+    quantize_tile_block<128, false, false, true>(a, to, w, s);
 }
 
 /* a: the output's tile_args (M = R; N = I forward, 2I backward; x unused). kRows / kCols: which
@@ -113,16 +179,17 @@ __device__ __forceinline__ void swiglu_quantize_tile(const tile_args& a, const s
  * benchmarks/swiglu_quant_timing.cu): 2 (128 registers) is the fastest; 3 and 4 spill, 1 leaves too
  * few warps to cover the loads. A backward CTA that made both halves (reading g and d_act once) was
  * 2x slower: it held twice the state or read the second half's inputs after the first's barriers. */
-template <bool kBackward, bool kRows, bool kCols, int kMinBlocks>
+template <bool kBackward, bool kRows, bool kCols, int kMinBlocks, bool kScaled = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_quantize_bf16_kernel(const tile_args a,
                                                                                     const swiglu_tile_args sw) {
     __shared__ rowcol_smem<128> s;
+    __shared__ float s_scale[kScaled ? kTile : 1]; /* kScaled: the tile's row scales */
     const int nbn = (int)(sw.I / kTile);               /* tiles along I */
     const int nbg = kBackward ? 2 * nbn : nbn;         /* the grid's tiles along the output's columns */
     const int tm = (int)blockIdx.x / nbg, tg = (int)blockIdx.x - tm * nbg;
-    if (!kBackward) swiglu_quantize_tile<kAct, kRows, kCols>(a, sw, tm, tg, s);
-    else if (tg < nbn) swiglu_quantize_tile<kGate, kRows, kCols>(a, sw, tm, tg, s);
-    else swiglu_quantize_tile<kUp, kRows, kCols>(a, sw, tm, tg - nbn, s);
+    if (!kBackward) swiglu_quantize_tile<kAct, kRows, kCols, kScaled>(a, sw, tm, tg, s, s_scale);
+    else if (tg < nbn) swiglu_quantize_tile<kGate, kRows, kCols, kScaled>(a, sw, tm, tg, s, s_scale);
+    else swiglu_quantize_tile<kUp, kRows, kCols, kScaled>(a, sw, tm, tg - nbn, s, s_scale);
 }
 
 }  // namespace mok_qtile
