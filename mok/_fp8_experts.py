@@ -112,7 +112,8 @@ FUSED_SWIGLU_QUANT_BACKWARD = True
 # one node from x to y (_Fp8MlpCombine): x_rows' and d_rows' FP8 copies straight from x and dy (v45, v46)
 # and SwiGLU with its result's two FP8 copies in one kernel both ways (v39's swiglu_quantize_fp8, with
 # the column-wise copies in the layout and tiles the weight gradients read, v52): no bf16 act or d_h is
-# written. False: the three nodes. The same bits either way. Performance log v52.
+# written. False: the three nodes. The same bits either way with ROUTER_GRAD_IN_SWIGLU=False (below).
+# Performance log v52.
 FUSED_MLP_COMBINE = True
 
 # In the one node (FUSED_MLP_COMBINE), the router-weight gradient from d_z's side (v53), as the BF16
@@ -416,8 +417,8 @@ class _Fp8MlpCombine(torch.autograd.Function):
     SwiGLU kernel (the column-wise one in col_recipe's blocks, scales MN-major: the weight gradient's
     operand), GEMM2 and the combine; the backward d_rows' copies straight from dy (as _Fp8DownCombine),
     the two GEMM2 gradients, then d_h's copies from h and d_act in the SwiGLU-backward kernel, and the
-    two GEMM1 gradients. No bf16 x_rows, act, d_rows or d_h is written. Gradients bit for bit those of
-    the three nodes (_Fp8GateUp, _SwiGLUOf, _Fp8DownCombine).
+    two GEMM1 gradients. No bf16 x_rows, act, d_rows or d_h is written. With ROUTER_GRAD_IN_SWIGLU=False,
+    gradients bit for bit those of the three nodes (_Fp8GateUp, _SwiGLUOf, _Fp8DownCombine).
 
     With ROUTER_GRAD_IN_SWIGLU (the default) the router weights enter as z = s * act (v53): the forward's
     SwiGLU kernel writes z's column-wise copy instead of act's, rows is dropped after the combine, and the
@@ -500,8 +501,8 @@ def _mlp_combine_scaled_backward(dy, take, top_k, down, w, src_of_row, row_of, o
     h, (xt_q, xt_s), row_scale = take("h"), take("xt"), take("row_scale")
     # d_h's FP8 copies for d_act = s * d_z, and d_s = d_z . act, from h in one kernel (at least one copy is
     # made: the kernel's d_s comes with it)
-    rows = need_x or not need_w1
-    dq, ds, dqt, dst, d_s = ops.swiglu_scaled_quantize_fp8(h, d_z, row_scale, rows, need_w1, True, None)
+    want_rows = need_x or not need_w1
+    dq, ds, dqt, dst, d_s = ops.swiglu_scaled_quantize_fp8(h, d_z, row_scale, want_rows, need_w1, True, None)
     del h, d_z
     d_x = d_gate_up = None
     if need_x:
