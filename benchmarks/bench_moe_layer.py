@@ -69,7 +69,7 @@ ROUTINGS = ("balanced", "skewed")
 ZIPF_EXPONENT = 1.2
 # eager first: the reference for errors and ratios
 IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_fp8_all_tiled", "mok_fp8_all_3nodes",
-         "mok_fp8_all_tiled_3nodes", "mok_fp8_all_bf16_gather",
+         "mok_fp8_all_tiled_3nodes", "mok_fp8_all_cwg", "mok_fp8_all_tiled_cwg", "mok_fp8_all_bf16_gather",
          "mok_fp8_all_fused", "mok_fp8_dgrad_swq", "mok_fp8_all_swq", "mok_fp8_all_swq_fwd",
          "mok_mxfp8", "mok_mxfp8_bf16_gather", "compiled", "naive")
 NAIVE_MAX_S = 1.0  # --naive auto: time the naive loop only if one fwd+bwd takes less than this
@@ -383,6 +383,9 @@ def main(argv=None):
     configs = get_configs(args.shapes.split(","), args.routing.split(","), args.quick)
 
     wanted = args.impls.split(",")
+    unknown = [n for n in wanted if n not in IMPLS]
+    if unknown:
+        p.error(f"--impls: unknown {', '.join(unknown)} (known: {', '.join(IMPLS)})")
     if args.naive == "off" and "naive" in wanted:
         wanted.remove("naive")
     if "eager" not in wanted:
