@@ -61,6 +61,17 @@ __device__ __forceinline__ float bf16_rounded(float v) {
     return __uint_as_float((uint32_t)__bfloat16_as_ushort(mok_from_acc<__nv_bfloat16>(v)) << 16);
 }
 
+/* The tile's 128 row scales (0 past R) into shared memory, one per thread of the first 128, then a
+ * barrier; called after the first batch's loads are issued, so that their latency and the scales'
+ * overlap. Why shared memory and not registers: the backward holds 24 x 16 bytes of loads per thread
+ * at 128 registers, and eight more live scales spilled (44-88 bytes, ptxas); a row's scale is read
+ * where the row is used, a broadcast within each half-warp. */
+__device__ __forceinline__ void stage_row_scales(const swiglu_tile_args& sw, int64_t m0, float* s_scale) {
+    const int64_t r = m0 + (int64_t)threadIdx.x;
+    if (threadIdx.x < kTile) s_scale[threadIdx.x] = r < sw.R ? __ldg(sw.row_scale + r) : 0.f;
+    __syncthreads();
+}
+
 /* The thread's 8 x 8 block of act, d_gate or d_up as packed bf16 words (load_block's layout).
  * kScaled backward: sc[i] (shared memory) scales row i's d_act; d_gate blocks also return, in the
  * thread of piece p < 8, row r0 + p's sum of d_act * act over the tile's 128 columns (act rounded to
@@ -68,7 +79,8 @@ __device__ __forceinline__ float bf16_rounded(float v) {
  * (one half-warp, the same g) add by a butterfly, row by row as the rows are done. */
 template <swiglu_part kPart, bool kScaled = false, int kScaledBatch = 4>
 __device__ __forceinline__ float swiglu_block(const swiglu_tile_args& s, const tile_thread& t, uint32_t (&w)[8][4],
-                                              const float* sc) {
+                                              float* s_scale) {
+    const float* sc = s_scale + 8 * t.g; /* kScaled: the thread's 8 rows' scales, staged below */
     /* NOTE: every load of a batch is issued before any value is used (up to 24 x 16 bytes in flight per
      * thread; d_up needs no u, act no d_act). The scaled backward loads in two batches of 4 rows: with 8
      * rows in flight its extra state spilled (44-112 bytes, ptxas); 2 CTAs x 256 threads x 48 B x 4 rows
@@ -90,6 +102,7 @@ __device__ __forceinline__ float swiglu_block(const swiglu_tile_args& s, const t
                 if (kPart != kAct) da[b] = __ldg(reinterpret_cast<const uint4*>(s.d_act + (t.r0 + i) * I + t.c));
             }
         }
+        if (kScaled && b0 == 0) stage_row_scales(s, t.m0, s_scale);
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
             const int i = b0 + b;
@@ -136,25 +149,13 @@ __device__ __forceinline__ void store_block(__nv_bfloat16* dst, int64_t ld, int 
         if (i < rows) *reinterpret_cast<uint4*>(dst + i * ld) = make_uint4(w[i][0], w[i][1], w[i][2], w[i][3]);
 }
 
-/* The tile's 128 row scales (0 past R) into shared memory, one per thread of the first 128, then a
- * barrier. Why shared memory and not registers: the backward holds 24 x 16 bytes of loads per thread
- * at 128 registers, and eight more live scales spilled (44-88 bytes, ptxas); a row's scale is read
- * where the row is used, a broadcast within each half-warp. */
-__device__ __forceinline__ void stage_row_scales(const swiglu_tile_args& sw, int64_t m0, float* s_scale) {
-    const int64_t r = m0 + (int64_t)threadIdx.x;
-    if (threadIdx.x < kTile) s_scale[threadIdx.x] = r < sw.R ? __ldg(sw.row_scale + r) : 0.f;
-    __syncthreads();
-}
-
 /* One output tile: its block computed, stored as bf16 (when asked for) and quantised. */
 template <swiglu_part kPart, bool kRows, bool kCols, bool kScaled, int kScaledBatch = 4>
 __device__ __forceinline__ void swiglu_quantize_tile(const tile_args& a, const swiglu_tile_args& sw, int tm, int tn,
                                                      rowcol_smem<128>& s, float* s_scale) {
     const tile_thread t = tile_thread_at(a, tm, tn); /* t.c: the column in [0, I) */
-    if (kScaled) stage_row_scales(sw, t.m0, s_scale);
-    const float* sc = s_scale + 8 * t.g; /* the thread's 8 rows' scales */
     uint32_t w[8][4];
-    const float dot = swiglu_block<kPart, kScaled, kScaledBatch>(sw, t, w, sc);
+    const float dot = swiglu_block<kPart, kScaled, kScaledBatch>(sw, t, w, s_scale);
     /* the router-weight gradient's partial sum of row r0 + p over this tile's columns */
     if (kScaled && kPart == kGate && t.p < t.rows) sw.d_s_part[(int64_t)t.tn * sw.R + t.r0 + t.p] = dot;
     const tile_thread to = kPart == kUp ? tile_thread_at(a, tm, tn + (int)(sw.I / kTile)) : t; /* in the output */
@@ -168,7 +169,8 @@ __device__ __forceinline__ void swiglu_quantize_tile(const tile_args& a, const s
 #pragma unroll
     for (int i = 0; i < 8; ++i)
 #pragma unroll
-        for (int k = 0; k < 4; ++k) w[i][k] = pack_bf16x2(mok_mul(sc[i], lo_f(w[i][k])), mok_mul(sc[i], hi_f(w[i][k])));
+        for (int k = 0; k < 4; ++k)
+            w[i][k] = pack_bf16x2(mok_mul(s_scale[8 * t.g + i], lo_f(w[i][k])), mok_mul(s_scale[8 * t.g + i], hi_f(w[i][k])));
     quantize_tile_block<128, false, false, true>(a, to, w, s);
 }
 
