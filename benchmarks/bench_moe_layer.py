@@ -7,9 +7,9 @@ GEMMs of the backward in FP8 too, 'mok_fp8_all' with the two weight-gradient GEM
 fp8_wgrad="tiled" (the activations' column-wise copies in 128 x 128 tiles, v50: the weight gradients'
 cheaper promotion); both as one autograd node from x to y by default (SwiGLU with its result's FP8
 copies in one kernel both ways, v52), 'mok_fp8_all_3nodes' and 'mok_fp8_all_tiled_3nodes' the same as
-three nodes (mok._fp8_experts.FUSED_MLP_COMBINE=False; same bits), 'mok_fp8_all_cwg' and
-'mok_fp8_all_tiled_cwg' the one node with the router-weight gradient by combine_weight_grad over the rows
-instead of from d_z's side in SwiGLU's backward (ROUTER_GRAD_IN_SWIGLU=False, v53; the three nodes' bits);
+three nodes (mok._fp8_experts.FUSED_MLP_COMBINE=False; same bits), 'mok_fp8_all_rgs' and
+'mok_fp8_all_tiled_rgs' the one node with the router-weight gradient from d_z's side in SwiGLU's backward
+instead of combine_weight_grad over the rows (ROUTER_GRAD_IN_SWIGLU=True, v53, opt-in);
 'mok_fp8_all_bf16_gather' the same with
 x_rows' and d_rows' FP8 copies made from the bf16 gathers instead of straight from x and dy
 (GATHER_QUANT=False, v45/v46; same bits), 'mok_fp8_all_fused' the same with the
@@ -69,7 +69,7 @@ ROUTINGS = ("balanced", "skewed")
 ZIPF_EXPONENT = 1.2
 # eager first: the reference for errors and ratios
 IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_fp8_all_tiled", "mok_fp8_all_3nodes",
-         "mok_fp8_all_tiled_3nodes", "mok_fp8_all_cwg", "mok_fp8_all_tiled_cwg", "mok_fp8_all_bf16_gather",
+         "mok_fp8_all_tiled_3nodes", "mok_fp8_all_rgs", "mok_fp8_all_tiled_rgs", "mok_fp8_all_bf16_gather",
          "mok_fp8_all_fused", "mok_fp8_dgrad_swq", "mok_fp8_all_swq", "mok_fp8_all_swq_fwd",
          "mok_mxfp8", "mok_mxfp8_bf16_gather", "compiled", "naive")
 NAIVE_MAX_S = 1.0  # --naive auto: time the naive loop only if one fwd+bwd takes less than this
@@ -341,12 +341,12 @@ def impl_table(dev, compiled=False):
              "mok_fp8_all_tiled_3nodes": _with_setting(functools.partial(
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad="tiled"),
                  "FUSED_MLP_COMBINE", False),
-             "mok_fp8_all_cwg": _with_setting(functools.partial(
+             "mok_fp8_all_rgs": _with_setting(functools.partial(
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True),
-                 "ROUTER_GRAD_IN_SWIGLU", False),
-             "mok_fp8_all_tiled_cwg": _with_setting(functools.partial(
+                 "ROUTER_GRAD_IN_SWIGLU", True),
+             "mok_fp8_all_tiled_rgs": _with_setting(functools.partial(
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad="tiled"),
-                 "ROUTER_GRAD_IN_SWIGLU", False),
+                 "ROUTER_GRAD_IN_SWIGLU", True),
              "mok_fp8_all_bf16_gather": _with_setting(functools.partial(
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True), "GATHER_QUANT", False),
              "mok_fp8_all_fused": _fused_gate_up(functools.partial(

@@ -243,8 +243,8 @@ def test_mlp_combine_node_is_taken_with_every_gemm_in_fp8(monkeypatch):
 def test_fp8_all_under_checkpoint_and_save_on_cpu_gives_the_same_bits(monkeypatch, device, router_grad_in_swiglu):
     # activation checkpointing and CPU offloading of saved tensors (saved-tensor hooks): the experts take
     # the three nodes, whose saved tensors the hooks handle; y and every gradient bitwise those without
-    # when the one node has the three nodes' form (ROUTER_GRAD_IN_SWIGLU=False); with the v53 router-weight
-    # gradient (the default) y is bitwise the same and the gradients FP8 steps apart (README limits)
+    # when the one node has the three nodes' form (ROUTER_GRAD_IN_SWIGLU=False, the default); with the v53
+    # router-weight gradient y is bitwise the same and the gradients FP8 steps apart (README limits)
     monkeypatch.setattr(mok._fp8_experts, "ROUTER_GRAD_IN_SWIGLU", router_grad_in_swiglu)
     inputs, wants = _inputs_wanting(CASES[2], device, "all")
 
@@ -462,9 +462,14 @@ def _check_fp8_wgrad(x, idx, w, gu, dn, fp8_dgrad, really_fp8=True, tol=TOL_EMUL
 @pytest.mark.parametrize("fp8_wgrad", [True, "tiled"], ids=["act1x128", "act128x128"])
 @pytest.mark.parametrize("fp8_dgrad", [False, True], ids=["wgrad", "dgrad-wgrad"])
 @pytest.mark.parametrize("case", CASES[1:], ids=str)
-def test_fp8_wgrad_matches_its_emulation(device, case, fp8_dgrad, fp8_wgrad):
+@pytest.mark.parametrize("router_grad_in_swiglu", [False, True], ids=["cwg", "rgs"])
+def test_fp8_wgrad_matches_its_emulation(monkeypatch, device, case, fp8_dgrad, fp8_wgrad, router_grad_in_swiglu):
     # fp8_wgrad="tiled" (v50): the activations' (x_rows', act's) column-wise copies in 128 x 128 tiles,
-    # the incoming gradients' 1 x 128.
+    # the incoming gradients' 1 x 128. router_grad_in_swiglu: the one node (fp8_dgrad with fp8_wgrad) with
+    # v53's router-weight gradient (ROUTER_GRAD_IN_SWIGLU; the three-node path ignores it).
+    if router_grad_in_swiglu and not fp8_dgrad:
+        pytest.skip("ROUTER_GRAD_IN_SWIGLU acts in the one node, which needs fp8_dgrad")
+    monkeypatch.setattr(mok._fp8_experts, "ROUTER_GRAD_IN_SWIGLU", router_grad_in_swiglu)
     x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16, device=device, requires_grad=True)
     tol = tol_fp8_dgrad(case) if fp8_dgrad else TOL_EMULATION
     if fp8_wgrad == "tiled":
@@ -481,8 +486,9 @@ def test_fp8_wgrad_matches_its_emulation(device, case, fp8_dgrad, fp8_wgrad):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_fp8_all_router_grad_check_fails_on_a_2_percent_error(device):
+def test_fp8_all_router_grad_check_fails_on_a_2_percent_error(monkeypatch, device):
     # negative control of the v53 one node's d_topk_w check: the same run with d_topk_w 2% off fails it
+    monkeypatch.setattr(mok._fp8_experts, "ROUTER_GRAD_IN_SWIGLU", True)
     x, idx, w, gu, dn = make_moe_inputs(CASES[4], torch.bfloat16, device=device, requires_grad=True)
     assert _router_grad_in_swiglu(True, True)
     _check_fp8_wgrad(x, idx, w, gu, dn, fp8_dgrad=True, tol=tol_fp8_dgrad(CASES[4]))
@@ -492,9 +498,10 @@ def test_fp8_all_router_grad_check_fails_on_a_2_percent_error(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("needs", ["no_x", "no_w"])
-def test_fp8_all_router_grad_in_swiglu_for_each_subset_of_gradients(device, needs):
+def test_fp8_all_router_grad_in_swiglu_for_each_subset_of_gradients(monkeypatch, device, needs):
     # the v53 one node when only some inputs want a gradient (it runs when both weights want one): each
     # gradient bitwise the one of the run that wants all four
+    monkeypatch.setattr(mok._fp8_experts, "ROUTER_GRAD_IN_SWIGLU", True)
     case = CASES[4]
     x, idx, w, gu, dn = make_moe_inputs(case, torch.bfloat16, device=device, requires_grad=True)
     y = mok.functional.moe_experts(x, idx, w, gu, dn, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True)
