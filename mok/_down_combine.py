@@ -38,13 +38,15 @@ class _DownCombine(torch.autograd.Function):
         d_h, z, d_s = ops.swiglu_scaled_backward(h, d_z, src_of_row, w)
         del d_z
         d_down = ops.grouped_mm_wgrad(d_rows, z, None, 1, offsets) if ctx.needs_input_grad[2] else None
-        d_w = None
-        if ctx.needs_input_grad[3]:
-            # A skipped pair (row_of -1), like any row_of outside [0, R) that the combine skips,
-            # reads the zero appended at index R.
-            R = d_s.shape[0]
-            d_w = F.pad(d_s, (0, 1))[torch.where((row_of >= 0) & (row_of < R), row_of, R).long()]
+        d_w = pair_grad_of_rows(d_s, row_of) if ctx.needs_input_grad[3] else None
         return d_h, None, d_down, d_w, None, None, None
+
+
+def pair_grad_of_rows(d_s, row_of):
+    """d_w [T, K] = d_s[row_of[t, k]] of a per-row gradient d_s [R]: a skipped pair (row_of -1), like any
+    row_of outside [0, R) that the combine skips, reads the zero appended at index R."""
+    R = d_s.shape[0]
+    return F.pad(d_s, (0, 1))[torch.where((row_of >= 0) & (row_of < R), row_of, R).long()]
 
 
 def down_combine(h, act, down, w, row_of, src_of_row, offsets):

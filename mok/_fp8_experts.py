@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from . import fp8
+from ._down_combine import pair_grad_of_rows
 from ._gate_up import _SwiGLUOf, gate_up_backward
 from ._ops import ops
 from .fp8_gemm import BLOCK, quantize_colwise_blockwise, quantize_rowcol_for_wgrad, quantize_weight_blockwise
@@ -394,12 +395,6 @@ def _row_scales(w, src_of_row):
     return F.pad(w.reshape(-1), (0, 1))[torch.where((src >= 0) & (src < n), src, n)]
 
 
-def _pair_grad(d_s, row_of):
-    """d_w [T, K] = d_s[row_of[t, k]]: a skipped pair (row_of outside [0, R)) reads the zero appended at R."""
-    R = d_s.shape[0]
-    return F.pad(d_s, (0, 1))[torch.where((row_of >= 0) & (row_of < R), row_of, R).long()]
-
-
 def _down_combine_scaled_backward(dy, src_of_row, offsets, top_k, w2t_q, w2t_s, zt, need_down):
     """(d_z, d_down) of y = unweighted combine(z @ down[e]^T), z = s * act: d_rows' FP8 copies unweighted
     from dy, d_z = d_rows @ down[e] (FP8 dgrad), d_down = d_rows^T z on z's column-wise copy zt."""
@@ -512,7 +507,7 @@ def _mlp_combine_scaled_backward(dy, take, top_k, down, w, src_of_row, row_of, o
     del dq, ds
     if need_w1:
         d_gate_up = ops.grouped_mm_fp8_wgrad(dqt, dst, xt_q, xt_s, offsets)  # [E, 2I, H]
-    d_w = _pair_grad(d_s, row_of).to(w.dtype) if need_w else None
+    d_w = pair_grad_of_rows(d_s, row_of).to(w.dtype) if need_w else None
     return d_x, d_gate_up, d_down, d_w
 
 

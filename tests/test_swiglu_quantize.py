@@ -50,6 +50,15 @@ def same_bits(a, b):
     return a.shape == b.shape and torch.equal(a, b)
 
 
+def assert_outputs(got, want, names, what):
+    """Each output bitwise its reference; an output whose reference is None was not asked for: empty."""
+    for name, g, ref in zip(names, got, want):
+        if ref is None:
+            assert g.numel() == 0, f"{what}: {name} was not asked for, got shape {tuple(g.shape)}"
+        else:
+            assert same_bits(g, ref), f"{what}: {name} differs from the composition"
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("R,I", SHAPES, ids=lambda v: str(v))
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
@@ -64,11 +73,7 @@ def test_matches_the_composition_bit_for_bit(device, R, I, backward, special):
         what = f"R={R} I={I} backward={backward} rows={rows} cols={cols} keep={keep}"
         want = [y if keep else None, q if rows else None, s if rows else None, qt if cols else None,
                 st if cols else None]
-        for name, got, ref in zip(("out", "q", "scales", "qt", "scales_t"), out, want):
-            if ref is None:
-                assert got.numel() == 0, f"{what}: {name} was not asked for, got shape {tuple(got.shape)}"
-            else:
-                assert same_bits(got, ref), f"{what}: {name} differs from the composition"
+        assert_outputs(out, want, ("out", "q", "scales", "qt", "scales_t"), what)
         if keep:
             assert out[0].shape == (R, N)
 
@@ -165,11 +170,7 @@ def test_scaled_matches_its_definition(device, R, I, backward, special):
             got = ops.swiglu_scaled_quantize_fp8(h, d_z, s, rows, cols, mn, col)
             want = scaled_definition(h, d_z, s, rows, cols, mn, col)
             what = f"R={R} I={I} backward={backward} rows={rows} cols={cols} mn={mn} col={col}"
-            for name, g, ref in zip(("q", "scales", "qt", "scales_t"), got[:4], want[:4]):
-                if ref is None:
-                    assert g.numel() == 0, f"{what}: {name} was not asked for, got shape {tuple(g.shape)}"
-                else:
-                    assert same_bits(g, ref), f"{what}: {name} differs from the definition"
+            assert_outputs(got[:4], want[:4], ("q", "scales", "qt", "scales_t"), what)
             if not backward:
                 assert got[4].numel() == 0, f"{what}: d_s in the forward"
                 continue
