@@ -61,7 +61,7 @@ def main(argv=None):
         fit.append((k, us_tile))
         rows.append(dict(K=k, mok_ms=t_mok, mok_tflops=flops / t_mok / 1e9, cublas_ms=t_cub,
                          cublas_tflops=flops / t_cub / 1e9, ratio=t_cub / t_mok, us_per_tile=us_tile))
-        del a, b, w
+        a = b = w = None  # (not del: pyflakes reads the lambdas above as using deleted names)
     n = len(fit)
     mk = sum(k for k, _ in fit) / n
     mt = sum(t for _, t in fit) / n

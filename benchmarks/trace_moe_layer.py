@@ -137,7 +137,7 @@ def main(argv=None):
             rows = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:args.top]
             print(common.format_table([dict(kernel=n, ms=t, calls=c) for n, (t, c) in rows],
                                       [("kernel", "kernel", ""), ("ms", "ms/step", ".3f"), ("calls", "calls", ".0f")]))
-        del inputs, dy, x, idx, w, gate_up, down
+        inputs = dy = x = idx = w = gate_up = down = None  # (not del: pyflakes reads step() as using deleted names)
         common.free_memory(dev)
 
 
