@@ -18,6 +18,16 @@ FLAGS = [(True, False, False), (False, True, False), (True, True, False), (True,
          (False, True, True)]
 
 
+def kernel_cases(test):
+    """test(device, R, I, backward, special) over every device, SHAPES, both directions, randn and special h."""
+    for mark in (pytest.mark.parametrize("special", [False, True], ids=["randn", "special"]),
+                 pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"]),
+                 pytest.mark.parametrize("R,I", SHAPES, ids=lambda v: str(v)),
+                 pytest.mark.parametrize("device", DEVICES)):
+        test = mark(test)
+    return test
+
+
 def make_h(R, I, device, special):
     h = torch.randn(R, 2 * I, device=device) * 3
     if special and R > 4:
@@ -59,10 +69,7 @@ def assert_outputs(got, want, names, what):
             assert same_bits(g, ref), f"{what}: {name} differs from the composition"
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("R,I", SHAPES, ids=lambda v: str(v))
-@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
-@pytest.mark.parametrize("special", [False, True], ids=["randn", "special"])
+@kernel_cases
 def test_matches_the_composition_bit_for_bit(device, R, I, backward, special):
     h = make_h(R, I, device, special)
     d_act = (torch.randn(R, I, device=device) * 2).to(torch.bfloat16) if backward else None
@@ -153,10 +160,7 @@ def scaled_definition(h, d_z, s, rows, cols, mn, col):
     return q, sc, qt, st, (d_s if d_z is not None else None), (dz, ops.swiglu(h))
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("R,I", SHAPES, ids=lambda v: str(v))
-@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
-@pytest.mark.parametrize("special", [False, True], ids=["randn", "special"])
+@kernel_cases
 def test_scaled_matches_its_definition(device, R, I, backward, special):
     # the codes and scales bit for bit those of the separate ops (forward: act's row-wise copy, z's
     # column-wise one; backward: d_h's for d_act = s * d_z); d_s = d_z . act: on the GPU the kernel's
