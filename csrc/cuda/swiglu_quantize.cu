@@ -4,7 +4,6 @@
  * after computing them, and their bf16 copies were a round trip through memory).
  */
 #include <stdint.h>
-#include <stdlib.h>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 
@@ -17,28 +16,16 @@ namespace {
 
 enum { kMinBlocks = 2 }; /* CTAs per SM (v39: benchmarks/swiglu_quant_timing.cu) */
 
-template <bool kBackward, bool kScaled, int kBatch = 4, int kMB = kMinBlocks>
+template <bool kBackward, bool kScaled>
 void launch(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_args& sw, bool rows, bool cols,
             unsigned grid, cudaStream_t stream) {
     using namespace mok_qtile;
     if (rows && cols)
-        swiglu_quantize_bf16_kernel<kBackward, true, true, kMB, kScaled, kBatch><<<grid, kThreads, 0, stream>>>(t, sw);
+        swiglu_quantize_bf16_kernel<kBackward, true, true, kMinBlocks, kScaled><<<grid, kThreads, 0, stream>>>(t, sw);
     else if (rows)
-        swiglu_quantize_bf16_kernel<kBackward, true, false, kMB, kScaled, kBatch><<<grid, kThreads, 0, stream>>>(t, sw);
+        swiglu_quantize_bf16_kernel<kBackward, true, false, kMinBlocks, kScaled><<<grid, kThreads, 0, stream>>>(t, sw);
     else
-        swiglu_quantize_bf16_kernel<kBackward, false, true, kMB, kScaled, kBatch><<<grid, kThreads, 0, stream>>>(t, sw);
-}
-
-/* EXPERIMENTAL (v53): the row-scaled backward's loads, MOK_SWIGLU_SCALED_BATCH = 4 (default: two batches
- * of 4 rows, 48-72 bytes spilled), 8 (every load in flight at once as the plain kernel, 48-80 spilled) or
- * 81 (8, at one CTA per SM: no spills, half the warps). */
-int scaled_backward_variant() {
-    static const int variant = [] {
-        const char* v = getenv("MOK_SWIGLU_SCALED_BATCH");
-        const int n = v != NULL ? atoi(v) : 4;
-        return n == 8 || n == 81 ? n : 4;
-    }();
-    return variant;
+        swiglu_quantize_bf16_kernel<kBackward, false, true, kMinBlocks, kScaled><<<grid, kThreads, 0, stream>>>(t, sw);
 }
 
 }  // namespace
@@ -69,10 +56,7 @@ extern "C" int mok_swiglu_quantize_fp8_cuda(const struct mok_swiglu_quantize_fp8
     sw.R = a->R;
     /* the forward's scale touches only the column-wise copy: without one it is the plain kernel */
     const bool scaled = a->row_scale != NULL && (backward || cols);
-    if (backward && scaled && scaled_backward_variant() == 8) launch<true, true, 8>(t, sw, rows, cols, (unsigned)tiles, stream);
-    else if (backward && scaled && scaled_backward_variant() == 81)
-        launch<true, true, 8, 1>(t, sw, rows, cols, (unsigned)tiles, stream);
-    else if (backward && scaled) launch<true, true>(t, sw, rows, cols, (unsigned)tiles, stream);
+    if (backward && scaled) launch<true, true>(t, sw, rows, cols, (unsigned)tiles, stream);
     else if (backward) launch<true, false>(t, sw, rows, cols, (unsigned)tiles, stream);
     else if (scaled) launch<false, true>(t, sw, rows, cols, (unsigned)tiles, stream);
     else launch<false, false>(t, sw, rows, cols, (unsigned)tiles, stream);

@@ -77,7 +77,7 @@ __device__ __forceinline__ void stage_row_scales(const swiglu_tile_args& sw, int
  * thread of piece p < 8, row r0 + p's sum of d_act * act over the tile's 128 columns (act rounded to
  * bf16 first): each thread sums its 8 columns in increasing j, then the 16 threads of the row band
  * (one half-warp, the same g) add by a butterfly, row by row as the rows are done. */
-template <swiglu_part kPart, bool kScaled = false, int kScaledBatch = 4>
+template <swiglu_part kPart, bool kScaled = false>
 __device__ __forceinline__ float swiglu_block(const swiglu_tile_args& s, const tile_thread& t, uint32_t (&w)[8][4],
                                               float* s_scale) {
     const float* sc = s_scale + 8 * t.g; /* kScaled: the thread's 8 rows' scales, staged below */
@@ -85,7 +85,7 @@ __device__ __forceinline__ float swiglu_block(const swiglu_tile_args& s, const t
      * thread; d_up needs no u, act no d_act). The scaled backward loads in two batches of 4 rows: with 8
      * rows in flight its extra state spilled (44-112 bytes, ptxas); 2 CTAs x 256 threads x 48 B x 4 rows
      * is still ~100 KB in flight per SM. */
-    enum { kBatch = kScaled && kPart != kAct ? kScaledBatch : 8 };
+    enum { kBatch = kScaled && kPart != kAct ? 4 : 8 };
     float mine = 0.f;
     const int64_t I = s.I;
 #pragma unroll
@@ -154,12 +154,12 @@ __device__ __forceinline__ void store_block(__nv_bfloat16* dst, int64_t ld, int 
 }
 
 /* One output tile: its block computed, stored as bf16 (when asked for) and quantised. */
-template <swiglu_part kPart, bool kRows, bool kCols, bool kScaled, int kScaledBatch = 4>
+template <swiglu_part kPart, bool kRows, bool kCols, bool kScaled>
 __device__ __forceinline__ void swiglu_quantize_tile(const tile_args& a, const swiglu_tile_args& sw, int tm, int tn,
                                                      rowcol_smem<128>& s, float* s_scale) {
     const tile_thread t = tile_thread_at(a, tm, tn); /* t.c: the column in [0, I) */
     uint32_t w[8][4];
-    const float dot = swiglu_block<kPart, kScaled, kScaledBatch>(sw, t, w, s_scale);
+    const float dot = swiglu_block<kPart, kScaled>(sw, t, w, s_scale);
     /* the router-weight gradient's partial sum of row r0 + p over this tile's columns */
     if (kScaled && kPart == kGate && t.p < t.rows) sw.d_s_part[(int64_t)t.tn * sw.R + t.r0 + t.p] = dot;
     const tile_thread to = kPart == kUp ? tile_thread_at(a, tm, tn + (int)(sw.I / kTile)) : t; /* in the output */
@@ -185,7 +185,7 @@ __device__ __forceinline__ void swiglu_quantize_tile(const tile_args& a, const s
  * benchmarks/swiglu_quant_timing.cu): 2 (128 registers) is the fastest; 3 and 4 spill, 1 leaves too
  * few warps to cover the loads. A backward CTA that made both halves (reading g and d_act once) was
  * 2x slower: it held twice the state or read the second half's inputs after the first's barriers. */
-template <bool kBackward, bool kRows, bool kCols, int kMinBlocks, bool kScaled = false, int kScaledBatch = 4>
+template <bool kBackward, bool kRows, bool kCols, int kMinBlocks, bool kScaled = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_quantize_bf16_kernel(const tile_args a,
                                                                                     const swiglu_tile_args sw) {
     __shared__ rowcol_smem<128> s;
@@ -194,8 +194,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_quantize_bf16_ker
     const int nbg = kBackward ? 2 * nbn : nbn;         /* the grid's tiles along the output's columns */
     const int tm = (int)blockIdx.x / nbg, tg = (int)blockIdx.x - tm * nbg;
     if (!kBackward) swiglu_quantize_tile<kAct, kRows, kCols, kScaled>(a, sw, tm, tg, s, s_scale);
-    else if (tg < nbn) swiglu_quantize_tile<kGate, kRows, kCols, kScaled, kScaledBatch>(a, sw, tm, tg, s, s_scale);
-    else swiglu_quantize_tile<kUp, kRows, kCols, kScaled, kScaledBatch>(a, sw, tm, tg - nbn, s, s_scale);
+    else if (tg < nbn) swiglu_quantize_tile<kGate, kRows, kCols, kScaled>(a, sw, tm, tg, s, s_scale);
+    else swiglu_quantize_tile<kUp, kRows, kCols, kScaled>(a, sw, tm, tg - nbn, s, s_scale);
 }
 
 }  // namespace mok_qtile
