@@ -10,6 +10,8 @@ copies in one kernel both ways, v52), 'mok_fp8_all_3nodes' and 'mok_fp8_all_tile
 three nodes (mok._fp8_experts.FUSED_MLP_COMBINE=False; same bits), 'mok_fp8_all_rgs' and
 'mok_fp8_all_tiled_rgs' the one node with the router-weight gradient from d_z's side in SwiGLU's backward
 instead of combine_weight_grad over the rows (ROUTER_GRAD_IN_SWIGLU=True, v53, opt-in);
+'mok_fp8_all_tiled_pertile' the tiled one node with SwiGLU's kernels per tile instead of streamed
+(MOK_SWIGLU_STREAM=0, v54; same bits);
 'mok_fp8_all_bf16_gather' the same with
 x_rows' and d_rows' FP8 copies made from the bf16 gathers instead of straight from x and dy
 (GATHER_QUANT=False, v45/v46; same bits), 'mok_fp8_all_fused' the same with the
@@ -37,6 +39,7 @@ training); fwd+bwd is forward plus torch.autograd.grad for x, topk_w and both we
 difference. TFLOP/s counts 3x the forward expert-GEMM FLOPs of the T*K real rows over fwd+bwd.
 Peak GiB is the memory one fwd+bwd allocates beyond the inputs and weights."""
 import argparse
+import contextlib
 import functools
 import math
 import os
@@ -69,7 +72,8 @@ ROUTINGS = ("balanced", "skewed")
 ZIPF_EXPONENT = 1.2
 # eager first: the reference for errors and ratios
 IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_fp8_all_tiled", "mok_fp8_all_3nodes",
-         "mok_fp8_all_tiled_3nodes", "mok_fp8_all_rgs", "mok_fp8_all_tiled_rgs", "mok_fp8_all_bf16_gather",
+         "mok_fp8_all_tiled_3nodes", "mok_fp8_all_rgs", "mok_fp8_all_tiled_rgs", "mok_fp8_all_tiled_pertile",
+         "mok_fp8_all_bf16_gather",
          "mok_fp8_all_fused", "mok_fp8_dgrad_swq", "mok_fp8_all_swq", "mok_fp8_all_swq_fwd",
          "mok_mxfp8", "mok_mxfp8_bf16_gather", "compiled", "naive")
 NAIVE_MAX_S = 1.0  # --naive auto: time the naive loop only if one fwd+bwd takes less than this
@@ -156,16 +160,35 @@ def expert_load(idx: torch.Tensor, E: int) -> str:
     return f"tokens/expert min {counts.min().item():.0f} mean {counts.mean().item():.0f} max {counts.max().item():.0f}"
 
 
+@contextlib.contextmanager
+def _env(settings: Dict[str, str]):
+    """The environment variables set while the block runs (the kernel launchers' switches)."""
+    old = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def step_fns(fn: Callable, inputs, dy):
-    """(fwd, fwd_bwd) of one implementation on the inputs, as common.bench takes them."""
+    """(fwd, fwd_bwd) of one implementation on the inputs, as common.bench takes them; an impl with an
+    `env` attribute (_with_env) runs forward and backward with those environment variables set."""
     x, idx, w, gate_up, down = inputs
     params = [x, w, gate_up, down]
+    env = getattr(fn, "env", {})
 
     def fwd(_i=0):
-        return fn(x, idx, w, gate_up, down)
+        with _env(env):
+            return fn(x, idx, w, gate_up, down)
 
     def fwd_bwd(_i=0):
-        return torch.autograd.grad(fwd(), params, dy)
+        with _env(env):
+            return torch.autograd.grad(fn(x, idx, w, gate_up, down), params, dy)
 
     return fwd, fwd_bwd
 
@@ -311,6 +334,15 @@ def _with_setting(fn, name, value, module=None):
     return run
 
 
+def _with_env(fn, name, value):
+    """fn run with the environment variable name=value in its forward and backward (step_fns reads the
+    attribute: the launchers read their switches on every call, the backward's after fn returns)."""
+    def run(*args, **kwargs):
+        return fn(*args, **kwargs)
+    run.env = {name: value}
+    return run
+
+
 def _fused_gate_up(fn):
     """fn with the FP8 forward's GEMM1 as the fused SwiGLU kernel instead of the plain FP8 GEMM then the
     SwiGLU op (mok._fp8_experts.FUSED_GATE_UP; the same bits)."""
@@ -341,6 +373,9 @@ def impl_table(dev, compiled=False):
              "mok_fp8_all_tiled_3nodes": _with_setting(functools.partial(
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad="tiled"),
                  "FUSED_MLP_COMBINE", False),
+             "mok_fp8_all_tiled_pertile": _with_env(functools.partial(
+                 mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad="tiled"),
+                 "MOK_SWIGLU_STREAM", "0"),
              "mok_fp8_all_rgs": _with_setting(functools.partial(
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad=True),
                  "ROUTER_GRAD_IN_SWIGLU", True),

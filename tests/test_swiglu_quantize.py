@@ -1,11 +1,12 @@
 """torch.ops.mok.swiglu_quantize_fp8: SwiGLU (forward) or its gradient (backward) with the result
 quantised blockwise 1 x 128, row-wise and / or column-wise, in one op. It is defined as the
 composition swiglu / swiglu_backward then quantize_fp8 / quantize_fp8_rowcol (each tested against
-mok.reference elsewhere); on the GPU one kernel makes it (csrc/cuda/quant/swiglu_quantize_tile.cuh),
-which must give the composition's codes, scales and bf16 values bit for bit: ragged row counts (R not
-a multiple of 128 or 16, R = 0, R = 1), widths of one and several 128-column blocks, rows of zeros,
-large values (saturating exp), NaN and Inf, every combination of rows / cols / keep. On the CPU the
-op is the composition itself; these tests then check its shapes and options."""
+mok.reference elsewhere); on the GPU one kernel makes it (csrc/cuda/quant/swiglu_quantize_stream.cuh,
+or swiglu_quantize_tile.cuh's per-tile one with MOK_SWIGLU_STREAM=0), which must give the
+composition's codes, scales and bf16 values bit for bit: ragged row counts (R not a multiple of 128
+or 16, R = 0, R = 1), widths of one and several 128-column blocks, rows of zeros, large values
+(saturating exp), NaN and Inf, every combination of rows / cols / keep. On the CPU the op is the
+composition itself; these tests then check its shapes and options."""
 import pytest
 import torch
 
@@ -215,3 +216,34 @@ def test_scaled_bad_input_names_the_argument(device):
         ops.swiglu_scaled_quantize_fp8(h, torch.randn(4, 64, device=device, dtype=torch.bfloat16), s, True, False)
     with pytest.raises(ValueError, match="col_recipe"):
         ops.swiglu_scaled_quantize_fp8(h, None, s, True, True, False, "mxfp8")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "scaled"])
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_streamed_and_per_tile_kernels_agree(monkeypatch, backward, scaled):
+    # v54: the streamed kernel (MOK_SWIGLU_STREAM=1; persistent, its loads one or two items ahead) and the
+    # per-tile one (MOK_SWIGLU_STREAM=0) give the same bits, d_s included (the same sums in the same order), on
+    # shapes with more items than resident CTAs (several items per CTA, a ragged last round), rows past R,
+    # special values, every copy combination and the one node's column layouts
+    for R, I in [(4100, 1024), (515, 384), (1, 128), (33000, 256)]:
+        h = make_h(R, I, "cuda", True)
+        d = (torch.randn(R, I, device="cuda") * 2).to(torch.bfloat16) if backward else None
+        s = make_row_scale(R, "cuda")
+        for rows, cols, keep in FLAGS:
+            for mn, col in ((False, None), (True, "blockwise_128x128")):
+                if scaled and keep:
+                    continue
+
+                def run():
+                    if scaled:
+                        return ops.swiglu_scaled_quantize_fp8(h, d, s, rows, cols, mn, col)
+                    return ops.swiglu_quantize_fp8(h, d, rows, cols, keep, mn, col)
+
+                monkeypatch.setenv("MOK_SWIGLU_STREAM", "0")
+                want = run()
+                monkeypatch.setenv("MOK_SWIGLU_STREAM", "1")
+                got = run()
+                what = f"R={R} I={I} rows={rows} cols={cols} keep={keep} mn={mn} col={col}"
+                for name, g, w in zip(("0", "1", "2", "3", "4"), got, want):
+                    assert (g.numel() == 0 and w.numel() == 0) or same_bits(g, w), f"{what}: output {name}"

@@ -1,7 +1,8 @@
 /*
  * mok_swiglu_quantize_fp8_cuda: SwiGLU or its gradient with the result quantised in the same pass
- * (the kernels of quant/swiglu_quantize_tile.cuh; why: the FP8 layer quantises act and d_h right
- * after computing them, and their bf16 copies were a round trip through memory).
+ * (why: the FP8 layer quantises act and d_h right after computing them, and their bf16 copies were a
+ * round trip through memory). The streamed kernel of quant/swiglu_quantize_stream.cuh by default (v54);
+ * MOK_SWIGLU_STREAM=0 takes the per-tile one of quant/swiglu_quantize_tile.cuh (same outputs).
  */
 #include <stdint.h>
 #include <cuda_runtime.h>
@@ -10,22 +11,65 @@
 #include "mok_cuda.h"
 #include "common/launch.cuh"
 #include "common/vec.cuh"
-#include "quant/swiglu_quantize_tile.cuh"
+#include "quant/swiglu_quantize_stream.cuh"
 
 namespace {
 
-enum { kMinBlocks = 2 }; /* CTAs per SM (v39: benchmarks/swiglu_quant_timing.cu) */
+enum { kMinBlocks = 2 }; /* per-tile kernel: CTAs per SM (v39: benchmarks/swiglu_quant_timing.cu) */
+
+/* The streamed kernel's shape (v54, benchmarks/swiglu_quant_timing.cu): how many items ahead its loads
+ * run and how many CTAs share an SM (the backward's 96 KiB per item ahead leave room for one). */
+template <bool kBackward>
+struct stream_shape {
+    enum { kAhead = kBackward ? 2 : 1, kCtas = kBackward ? 1 : 2 };
+};
+
+/* The per-tile kernel (MOK_SWIGLU_STREAM=0), one CTA per tile of the output. */
+template <bool kBackward, bool kRows, bool kCols, bool kScaled>
+void launch_tiles(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_args& sw, cudaStream_t stream) {
+    using namespace mok_qtile;
+    const unsigned grid = (unsigned)tile_count(t.M, t.N);
+    swiglu_quantize_bf16_kernel<kBackward, kRows, kCols, kMinBlocks, kScaled><<<grid, kThreads, 0, stream>>>(t, sw);
+}
+
+/* The streamed kernel: persistent, as many CTAs as are resident (or as there are items). */
+template <bool kBackward, bool kRows, bool kCols, bool kScaled>
+int launch_stream(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_args& sw, cudaStream_t stream) {
+    using namespace mok_qtile;
+    using shape = stream_shape<kBackward>;
+    const auto kernel = swiglu_quantize_stream_kernel<kBackward, kRows, kCols, kScaled, shape::kAhead, shape::kCtas>;
+    const size_t smem = stream_smem_bytes(kBackward, shape::kAhead);
+    /* NOTE: per call, not cached: the attribute belongs to the current device's context */
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess) return (int)err;
+    const int64_t items = tile_count(sw.R, sw.I);
+    const int64_t resident = (int64_t)shape::kCtas * mok_num_sms();
+    const unsigned grid = (unsigned)(items < resident ? items : resident);
+    kernel<<<grid, kThreads, smem, stream>>>(t, sw);
+    return 0;
+}
+
+/* The streamed kernel unless MOK_SWIGLU_STREAM=0 (=1 forces it; read on every call, so that one process
+ * can compare). */
+enum { kStreamByDefault = 1 };
+static inline bool use_stream(void) {
+    if (env_equals("MOK_SWIGLU_STREAM", "0")) return false;
+    if (env_equals("MOK_SWIGLU_STREAM", "1")) return true;
+    return kStreamByDefault != 0;
+}
 
 template <bool kBackward, bool kScaled>
-void launch(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_args& sw, bool rows, bool cols,
-            unsigned grid, cudaStream_t stream) {
-    using namespace mok_qtile;
-    if (rows && cols)
-        swiglu_quantize_bf16_kernel<kBackward, true, true, kMinBlocks, kScaled><<<grid, kThreads, 0, stream>>>(t, sw);
-    else if (rows)
-        swiglu_quantize_bf16_kernel<kBackward, true, false, kMinBlocks, kScaled><<<grid, kThreads, 0, stream>>>(t, sw);
-    else
-        swiglu_quantize_bf16_kernel<kBackward, false, true, kMinBlocks, kScaled><<<grid, kThreads, 0, stream>>>(t, sw);
+int launch(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_args& sw, bool rows, bool cols,
+           cudaStream_t stream) {
+    if (!use_stream()) {
+        if (rows && cols) launch_tiles<kBackward, true, true, kScaled>(t, sw, stream);
+        else if (rows) launch_tiles<kBackward, true, false, kScaled>(t, sw, stream);
+        else launch_tiles<kBackward, false, true, kScaled>(t, sw, stream);
+        return 0;
+    }
+    if (rows && cols) return launch_stream<kBackward, true, true, kScaled>(t, sw, stream);
+    if (rows) return launch_stream<kBackward, true, false, kScaled>(t, sw, stream);
+    return launch_stream<kBackward, false, true, kScaled>(t, sw, stream);
 }
 
 }  // namespace
@@ -56,9 +100,10 @@ extern "C" int mok_swiglu_quantize_fp8_cuda(const struct mok_swiglu_quantize_fp8
     sw.R = a->R;
     /* the forward's scale touches only the column-wise copy: without one it is the plain kernel */
     const bool scaled = a->row_scale != NULL && (backward || cols);
-    if (backward && scaled) launch<true, true>(t, sw, rows, cols, (unsigned)tiles, stream);
-    else if (backward) launch<true, false>(t, sw, rows, cols, (unsigned)tiles, stream);
-    else if (scaled) launch<false, true>(t, sw, rows, cols, (unsigned)tiles, stream);
-    else launch<false, false>(t, sw, rows, cols, (unsigned)tiles, stream);
-    return mok_launch_status();
+    int err = 0;
+    if (backward && scaled) err = launch<true, true>(t, sw, rows, cols, stream);
+    else if (backward) err = launch<true, false>(t, sw, rows, cols, stream);
+    else if (scaled) err = launch<false, true>(t, sw, rows, cols, stream);
+    else err = launch<false, false>(t, sw, rows, cols, stream);
+    return err != 0 ? err : mok_launch_status();
 }

@@ -243,4 +243,52 @@ inline double __fma_rn(double a, double b, double c) { return fma(a, b, c); }
 inline float __expf(float x) { return expf(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 
+/* ---- the streamed kernels' asynchronous copies (quant/swiglu_quantize_stream.cuh) ----
+ * A copy's 16 bytes are read at issue (the inputs do not change during a launch) but land in shared
+ * memory only at the wait that completes its commit group, per thread as cp.async.wait_group does: a
+ * slot read before its group is waited for holds the previous item's bytes (or the 0xFF poison the
+ * buffer starts with) and shows up as wrong output. */
+namespace emu {
+struct AsyncCopy {
+    uint4* dst;
+    uint4 data;
+};
+struct AsyncQueue {
+    std::vector<std::vector<AsyncCopy>> groups; /* committed, oldest first */
+    std::vector<AsyncCopy> open;                /* issued since the last commit */
+};
+inline std::vector<AsyncQueue>& async_queues() {
+    static std::vector<AsyncQueue> q(1024);
+    return q;
+}
+}  // namespace emu
+
+inline uint4* stream_fifo() {
+    static std::vector<uint4> buf = [] {
+        std::vector<uint4> b(16384);
+        memset(b.data(), 0xFF, b.size() * sizeof(uint4));
+        return b;
+    }();
+    return buf.data();
+}
+inline void stream_copy16(uint4* slot, const void* src, bool live) {
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (live) memcpy(&v, src, 16);
+    emu::async_queues()[threadIdx.x].open.push_back({slot, v});
+}
+inline void stream_commit() {
+    emu::AsyncQueue& q = emu::async_queues()[threadIdx.x];
+    q.groups.push_back(q.open);
+    q.open.clear();
+}
+template <int kPending>
+inline void stream_wait() {
+    emu::AsyncQueue& q = emu::async_queues()[threadIdx.x];
+    while ((int)q.groups.size() > kPending) {
+        for (const emu::AsyncCopy& c : q.groups.front()) *c.dst = c.data;
+        q.groups.erase(q.groups.begin());
+    }
+}
+inline uint4 stream_read(const uint4* slot) { return *slot; }
+
 #endif /* MOK_TESTS_CUDA_EMU_H */

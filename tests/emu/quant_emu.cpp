@@ -6,7 +6,8 @@
  * float's normal range, blocks below the division-free threshold), ragged shapes and misaligned
  * pointers; and the SwiGLU + quantisation kernels (quant/swiglu_quantize_tile.cuh, forward and
  * backward, row-wise / column-wise / both, with and without the bf16 result) against the same SwiGLU
- * arithmetic run element by element here, then the C core's quantisation. Built and run by
+ * arithmetic run element by element here, then the C core's quantisation; and the streamed SwiGLU
+ * kernels (quant/swiglu_quantize_stream.cuh: persistent, loads one or two items ahead) the same way. Built and run by
  * tests/test_fp8_emu.py:
  *
  *     quant_emu SEED     prints one line per failure and "N passed, N failed"
@@ -15,6 +16,7 @@
 
 #include "quant/quantize_bf16_tile.cuh"
 #include "quant/swiglu_quantize_tile.cuh"
+#include "quant/swiglu_quantize_stream.cuh"
 #include "mok_core.h"
 
 #include <cstring>
@@ -250,8 +252,18 @@ void run_gather_case(Rng& rng, Recipe r, int64_t T, int64_t K, int64_t M, int64_
  * partial sums of d_z . act are checked bit for bit against the kernel's order (each piece of 8 columns in
  * increasing j, then the butterfly over the 16 pieces: at each step a piece adds its partner's sum to its
  * own), NaN against NaN. */
+/* One SwiGLU kernel: stream 0 the per-tile kernel (one CTA per tile), 1 and 2 the streamed one with its
+ * loads that many items ahead (on a grid of `grid` CTAs). */
+template <bool kBackward, bool kRows, bool kCols, bool kScaled>
+void swiglu_kernel(int stream, const mok_qtile::tile_args& a, const mok_qtile::swiglu_tile_args& sw) {
+    using namespace mok_qtile;
+    if (stream == 0) swiglu_quantize_bf16_kernel<kBackward, kRows, kCols, 2, kScaled>(a, sw);
+    else if (stream == 1) swiglu_quantize_stream_kernel<kBackward, kRows, kCols, kScaled, 1, 2>(a, sw);
+    else swiglu_quantize_stream_kernel<kBackward, kRows, kCols, kScaled, 2, 1>(a, sw);
+}
+
 void run_swiglu_case(Rng& rng, bool backward, bool rows, bool cols, bool keep, int64_t R, int64_t I, bool mn = false,
-                     bool col_tile = false, bool scaled = false) {
+                     bool col_tile = false, bool scaled = false, int stream = 0, unsigned grid = 0) {
     using namespace mok_qtile;
     const int64_t N = backward ? 2 * I : I;
     std::vector<uint16_t> h = make_input(rng, R, 2 * I), da = make_input(rng, R, I);
@@ -310,21 +322,25 @@ void run_swiglu_case(Rng& rng, bool backward, bool rows, bool cols, bool keep, i
     sw.row_scale = scaled ? sc.data() : nullptr;
     sw.d_s_part = scaled && backward ? part.data() : nullptr;
     sw.R = R;
-    char label[160];
-    snprintf(label, sizeof label, "swiglu %s rows=%d cols=%d keep=%d R=%lld I=%lld mn=%d col_tile=%d scaled=%d",
-             backward ? "backward" : "forward", rows, cols, keep, (long long)R, (long long)I, mn, col_tile, scaled);
-    const bool ok = launched(label, (unsigned)tile_count(R, N), [&] {
-        if (scaled && backward && rows && cols) swiglu_quantize_bf16_kernel<true, true, true, 2, true>(a, sw);
-        else if (scaled && backward && rows) swiglu_quantize_bf16_kernel<true, true, false, 2, true>(a, sw);
-        else if (scaled && backward) swiglu_quantize_bf16_kernel<true, false, true, 2, true>(a, sw);
-        else if (scaled && rows) swiglu_quantize_bf16_kernel<false, true, true, 2, true>(a, sw);
-        else if (scaled) swiglu_quantize_bf16_kernel<false, false, true, 2, true>(a, sw);
-        else if (backward && rows && cols) swiglu_quantize_bf16_kernel<true, true, true, 2>(a, sw);
-        else if (backward && rows) swiglu_quantize_bf16_kernel<true, true, false, 2>(a, sw);
-        else if (backward) swiglu_quantize_bf16_kernel<true, false, true, 2>(a, sw);
-        else if (rows && cols) swiglu_quantize_bf16_kernel<false, true, true, 2>(a, sw);
-        else if (rows) swiglu_quantize_bf16_kernel<false, true, false, 2>(a, sw);
-        else swiglu_quantize_bf16_kernel<false, false, true, 2>(a, sw);
+    char label[200];
+    snprintf(label, sizeof label,
+             "swiglu %s rows=%d cols=%d keep=%d R=%lld I=%lld mn=%d col_tile=%d scaled=%d stream=%d grid=%u",
+             backward ? "backward" : "forward", rows, cols, keep, (long long)R, (long long)I, mn, col_tile, scaled, stream,
+             grid);
+    const unsigned items = (unsigned)tile_count(R, I); /* the streamed kernel's work items */
+    const unsigned launch_grid = stream == 0 ? (unsigned)tile_count(R, N) : std::min(grid, items);
+    const bool ok = launched(label, launch_grid, [&] {
+        if (scaled && backward && rows && cols) swiglu_kernel<true, true, true, true>(stream, a, sw);
+        else if (scaled && backward && rows) swiglu_kernel<true, true, false, true>(stream, a, sw);
+        else if (scaled && backward) swiglu_kernel<true, false, true, true>(stream, a, sw);
+        else if (scaled && rows) swiglu_kernel<false, true, true, true>(stream, a, sw);
+        else if (scaled) swiglu_kernel<false, false, true, true>(stream, a, sw);
+        else if (backward && rows && cols) swiglu_kernel<true, true, true, false>(stream, a, sw);
+        else if (backward && rows) swiglu_kernel<true, true, false, false>(stream, a, sw);
+        else if (backward) swiglu_kernel<true, false, true, false>(stream, a, sw);
+        else if (rows && cols) swiglu_kernel<false, true, true, false>(stream, a, sw);
+        else if (rows) swiglu_kernel<false, true, false, false>(stream, a, sw);
+        else swiglu_kernel<false, false, true, false>(stream, a, sw);
     });
     if (!ok) return;
     if (keep) {
@@ -425,6 +441,20 @@ int main(int argc, char** argv) {
             run_swiglu_case(rng, false, true, true, false, R, I, true, true, true);
             for (const auto& f : flags) run_swiglu_case(rng, true, f[0], f[1], f[2], R, I, true, R % 2 == 0, true);
         }
+    /* the streamed kernels (v54): loads one and two items ahead, grids of 1, 2 and 3 CTAs (several items
+     * per CTA, a last CTA with fewer), ragged R (rows past R zero-filled), one and several column tiles,
+     * every copy combination, the one node's layouts, the row-scaled form */
+    for (int stream : {1, 2})
+        for (unsigned grid : {1u, 2u, 3u})
+            for (int64_t R : {1, 130, 1 + rng.below(300)})
+                for (int64_t I : {128, 384})
+                    for (bool backward : {false, true}) {
+                        for (const auto& f : flags)
+                            run_swiglu_case(rng, backward, f[0], f[1], f[2], R, I, false, false, false, stream, grid);
+                        run_swiglu_case(rng, backward, true, true, false, R, I, true, true, false, stream, grid);
+                        run_swiglu_case(rng, backward, true, true, R % 2 == 0, R, I, true, R % 2 == 0, true, stream, grid);
+                        if (!backward) run_swiglu_case(rng, false, false, true, true, R, I, false, true, true, stream, grid);
+                    }
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

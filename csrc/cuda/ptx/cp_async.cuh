@@ -21,4 +21,14 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, uint32_t
                  : "memory");
 }
 
+/* Closes the thread's cp.async copies issued since the last commit into one group (possibly empty). */
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+/* Waits until at most kPending of the thread's committed groups are still in flight; the copies of the
+ * older groups are then complete and visible to this thread (to other threads only after a barrier). */
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
 #endif /* MOK_CUDA_PTX_CP_ASYNC_CUH */

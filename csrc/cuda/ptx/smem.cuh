@@ -24,4 +24,12 @@ __device__ __forceinline__ float2 ld_shared_f32x2(const float* p) {
     return v;
 }
 
+/* 16 bytes at a 32-bit shared address (16-byte aligned) */
+__device__ __forceinline__ uint4 ld_shared_u32x4(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr)
+                 : "memory");
+    return v;
+}
+
 #endif /* MOK_CUDA_PTX_SMEM_CUH */

@@ -1,0 +1,213 @@
+/*
+ * SwiGLU + quantisation with the loads streamed through shared memory (performance log v54): the
+ * same outputs as swiglu_quantize_bf16_kernel (swiglu_quantize_tile.cuh), bit for bit, from a
+ * persistent kernel whose inputs arrive by cp.async ahead of their use.
+ *
+ * Why: the per-tile kernel reaches 0.52-0.64 of the copy bandwidth with both copies (H100, v53) and
+ * 0.78-0.85 with the row-wise copy alone. A CTA loads its tile, then computes, then quantises with three
+ * barriers, and its loads sit in registers (24 x 16 bytes per thread at 128 registers): while a CTA
+ * quantises it has nothing in flight, and only two CTAs fit an SM. Here each thread's loads go by
+ * cp.async into shared memory kAhead items ahead of their use, so the next item's inputs are in flight
+ * while this one is quantised.
+ *
+ * Work item: one 128 x 128 tile of [R, I] (tile (tm, tn), row-major, item += gridDim.x). The forward
+ * reads g and u and writes act's tile; the backward reads g, u and d_act once and writes both of d_h's
+ * tiles (d_gate at columns n0, d_up at I + n0), where the per-tile kernel read g and d_act once per
+ * half: 6 bytes read per (r, j) instead of 10.
+ *
+ * Slots: thread t's slot for (set, row i of its 8 x 8 block, input in) at ((set * 8 + i) * kIn + in) *
+ * kThreads + t, so a warp's 32 slots are 512 consecutive bytes (no bank conflicts either way). Each row
+ * is one commit group, so exactly 8 * kAhead groups are in flight at every row's start (an exhausted
+ * stream commits empty ones) and cp.async.wait_group(8 * kAhead - 1) completes the row's. A row's slots
+ * are refilled after the values computed from them: the refill is issued after instructions that
+ * depend on the slots' loads, so those loads have read the slots before a copy can write them (each
+ * thread reads only the slots it fills, so no barrier is involved).
+ */
+#ifndef MOK_CUDA_QUANT_SWIGLU_QUANTIZE_STREAM_CUH
+#define MOK_CUDA_QUANT_SWIGLU_QUANTIZE_STREAM_CUH
+
+#include <stdint.h>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+
+#include "swiglu_quantize_tile.cuh"
+#ifndef MOK_TESTS_CUDA_EMU_H
+#include "../ptx/cp_async.cuh"
+#include "../ptx/smem.cuh"
+#endif
+
+namespace mok_qtile {
+
+/* ---- the FIFO's copies: cp.async on the device; tests/emu/cuda_emu.h models them (a copy lands at
+ * the wait that covers its group, not before) ---- */
+#ifndef MOK_TESTS_CUDA_EMU_H
+__device__ __forceinline__ uint4* stream_fifo() {
+    extern __shared__ __align__(16) uint4 mok_stream_fifo[];
+    return mok_stream_fifo;
+}
+/* 16 bytes from src into the slot, or 16 zeros (src unread) when !live */
+__device__ __forceinline__ void stream_copy16(uint4* slot, const void* src, bool live) {
+    cp_async_16(slot, src, live ? 16u : 0u);
+}
+__device__ __forceinline__ void stream_commit() { cp_async_commit(); }
+template <int kPending>
+__device__ __forceinline__ void stream_wait() { cp_async_wait<kPending>(); }
+__device__ __forceinline__ uint4 stream_read(const uint4* slot) { return ld_shared_u32x4(mok_smem_u32(slot)); }
+#endif
+
+/* Dynamic shared memory of a stream kernel: kAhead items' inputs (kIn 16-byte slots per row and thread). */
+static inline size_t stream_smem_bytes(bool backward, int ahead) { return (size_t)ahead * 8 * (backward ? 3 : 2) * kThreads * 16; }
+
+/* The thread's rows of one item for its loads: row pointers and how many of its 8 rows lie inside R
+ * (-1: no such item, the stream is exhausted). */
+struct item_rows {
+    const __nv_bfloat16* g;  /* h + r0 * 2I + c: the block's first g row (u is I further) */
+    const __nv_bfloat16* da; /* d_act + r0 * I + c (backward) */
+    int rows;
+};
+
+template <bool kBackward>
+__device__ __forceinline__ item_rows item_rows_of(const swiglu_tile_args& sw, int nbn, int items, int item) {
+    item_rows r;
+    r.g = sw.h;
+    r.da = sw.d_act;
+    r.rows = -1;
+    if (item >= items) return r;
+    const int tm = item / nbn, tn = item - tm * nbn;
+    const int64_t r0 = (int64_t)tm * kTile + 8 * ((int)threadIdx.x / kPieces);
+    const int64_t c = (int64_t)tn * kTile + 8 * ((int)threadIdx.x % kPieces);
+    r.rows = (int)(sw.R - r0 > 8 ? 8 : sw.R - r0); /* >= 1 for an item's first row, may be <= 0 for others */
+    r.rows = r.rows < 0 ? 0 : r.rows;
+    r.g = sw.h + r0 * 2 * sw.I + c;
+    if (kBackward) r.da = sw.d_act + r0 * sw.I + c;
+    return r;
+}
+
+/* Row i's loads (g, u[, d_act]) into its kIn slots (slot in at slots[in * kThreads]) and one commit;
+ * rows past R are zero-filled without reading, and an exhausted stream commits an empty group. */
+template <bool kBackward>
+__device__ __forceinline__ void issue_row(const item_rows& r, const swiglu_tile_args& sw, int i, uint4* slots) {
+    if (r.rows >= 0) {
+        const bool live = i < r.rows; /* else src is not read: h's first element stands in for it */
+        const __nv_bfloat16* g = live ? r.g + i * 2 * sw.I : sw.h;
+        stream_copy16(slots, g, live);
+        stream_copy16(slots + kThreads, live ? g + sw.I : sw.h, live);
+        if (kBackward) stream_copy16(slots + 2 * kThreads, live ? r.da + i * sw.I : sw.h, live);
+    }
+    stream_commit();
+}
+
+/* a: the output's tile_args as for swiglu_quantize_bf16_kernel (M = R; N = I forward, 2I backward).
+ * Grid: at most one CTA per item (tile of [R, I]), persistent over items (the launcher sizes it to the
+ * resident CTAs); dynamic shared memory stream_smem_bytes(kBackward, kAhead). Each thread's loads run
+ * kAhead items ahead of its compute: item k's row i sits in slot set k % kAhead, and once computed the
+ * set's row i is refilled with item k + kAhead's. Same outputs as swiglu_quantize_bf16_kernel<kBackward,
+ * kRows, kCols, ., kScaled>, d_s_part included. kMinBlocks: CTAs per SM the registers must allow. */
+template <bool kBackward, bool kRows, bool kCols, bool kScaled, int kAhead, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_quantize_stream_kernel(const tile_args a,
+                                                                                      const swiglu_tile_args sw) {
+    enum { kIn = kBackward ? 3 : 2, kSetSlots = 8 * kIn * kThreads };
+    __shared__ rowcol_smem<128> s;
+    __shared__ float s_scale[kScaled ? kTile : 1]; /* kScaled: the item's row scales */
+    uint4* const fifo = stream_fifo() + threadIdx.x;
+    const int nbn = (int)(sw.I / kTile), items = (int)((sw.R + kTile - 1) / kTile) * nbn;
+    const int step = (int)gridDim.x;
+
+#pragma unroll 1
+    for (int k = 0; k < kAhead; ++k) {
+        const item_rows r = item_rows_of<kBackward>(sw, nbn, items, (int)blockIdx.x + k * step);
+#pragma unroll 1
+        for (int i = 0; i < 8; ++i) issue_row<kBackward>(r, sw, i, fifo + k * kSetSlots + i * kIn * kThreads);
+    }
+
+    /* kScaled: thread t < 128 holds the next item's scale of row t (loaded an item ahead) */
+    const auto scale_of = [&](int item) {
+        const int64_t r = (int64_t)(item / nbn) * kTile + (int64_t)threadIdx.x;
+        return item < items && threadIdx.x < kTile && r < sw.R ? __ldg(sw.row_scale + r) : 0.f;
+    };
+    float next_scale = kScaled ? scale_of((int)blockIdx.x) : 0.f;
+
+    int set = 0;
+#pragma unroll 1
+    for (int item = (int)blockIdx.x; item < items; item += step) {
+        const int tm = item / nbn, tn = item - tm * nbn;
+        const tile_thread t = tile_thread_at(a, tm, tn); /* t.c: the column in [0, I) */
+        if (kScaled) {
+            __syncthreads(); /* the previous item's readers of s_scale are done */
+            if (threadIdx.x < kTile) s_scale[threadIdx.x] = next_scale;
+            __syncthreads();
+            next_scale = scale_of(item + step);
+        }
+        const float* sc = s_scale + 8 * t.g;
+        const item_rows next = item_rows_of<kBackward>(sw, nbn, items, item + kAhead * step);
+        uint4* const slots = fifo + set * kSetSlots;
+        uint32_t w[8][4];  /* act, or d_gate */
+        uint32_t wu[8][4]; /* d_up (backward) */
+        float mine = 0.f;  /* kScaled backward: row r0 + p's d_z . act over the tile */
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            stream_wait<8 * kAhead - 1>(); /* row i's group is the oldest of the 8 kAhead in flight */
+            uint4* const row = slots + i * kIn * kThreads;
+            const uint4 gq = stream_read(row), uq = stream_read(row + kThreads);
+            const uint4 dq = kBackward ? stream_read(row + 2 * kThreads) : make_uint4(0u, 0u, 0u, 0u);
+            const uint32_t gw[4] = {gq.x, gq.y, gq.z, gq.w}, uw[4] = {uq.x, uq.y, uq.z, uq.w};
+            const uint32_t dw[4] = {dq.x, dq.y, dq.z, dq.w};
+            const float si = kScaled ? sc[i] : 1.f;
+            float dot = 0.f;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                float v[2], vu[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float gv = h ? hi_f(gw[k]) : lo_f(gw[k]), uv = h ? hi_f(uw[k]) : lo_f(uw[k]);
+                    const float dv = h ? hi_f(dw[k]) : lo_f(dw[k]);
+                    if (!kBackward) {
+                        v[h] = mok_swiglu(gv, uv);
+                    } else {
+                        if (kScaled) /* j increasing, as swiglu_block */
+                            dot = mok_add(dot, mok_mul(dv, bf16_rounded(mok_swiglu(gv, uv))));
+                        mok_swiglu_grad(gv, uv, kScaled ? mok_mul(si, dv) : dv, v[h], vu[h]);
+                    }
+                }
+                w[i][k] = pack_bf16x2(v[0], v[1]);
+                if (kBackward) wu[i][k] = pack_bf16x2(vu[0], vu[1]);
+            }
+            if (kScaled && kBackward) {
+#pragma unroll
+                for (int off = 1; off < kPieces; off *= 2) dot = mok_add(dot, __shfl_xor_sync(0xFFFFFFFFu, dot, off));
+                if (t.p == i) mine = dot;
+            }
+            /* NOTE: after the packs above, which depend on the row's slot loads (see the file comment) */
+            issue_row<kBackward>(next, sw, i, row);
+        }
+        set = set + 1 == kAhead ? 0 : set + 1;
+        if (!kBackward) {
+            if (sw.out != 0) store_block(sw.out + t.r0 * a.N + t.c, a.N, t.rows, w);
+            if (!(kScaled && kCols)) {
+                quantize_tile_block<128, false, kRows, kCols>(a, t, w, s);
+            } else { /* act's row-wise codes, then z = bf16(s * act) and its column-wise ones (swiglu_quantize_tile) */
+                quantize_tile_block<128, false, kRows, false>(a, t, w, s);
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+#pragma unroll
+                    for (int k = 0; k < 4; ++k)
+                        w[i][k] = pack_bf16x2(mok_mul(sc[i], lo_f(w[i][k])), mok_mul(sc[i], hi_f(w[i][k])));
+                quantize_tile_block<128, false, false, true>(a, t, w, s);
+            }
+        } else {
+            if (kScaled && t.p < t.rows) sw.d_s_part[(int64_t)tn * sw.R + t.r0 + t.p] = mine;
+            const tile_thread tu = tile_thread_at(a, tm, tn + nbn); /* d_up's tile of d_h */
+            if (sw.out != 0) {
+                store_block(sw.out + t.r0 * a.N + t.c, a.N, t.rows, w);
+                store_block(sw.out + tu.r0 * a.N + tu.c, a.N, tu.rows, wu);
+            }
+            quantize_tile_block<128, false, kRows, kCols>(a, t, w, s);
+            quantize_tile_block<128, false, kRows, kCols>(a, tu, wu, s);
+        }
+    }
+    stream_wait<0>(); /* nothing in flight when the CTA exits (only empty groups are left by now) */
+}
+
+}  // namespace mok_qtile
+
+#endif /* MOK_CUDA_QUANT_SWIGLU_QUANTIZE_STREAM_CUH */
