@@ -49,19 +49,20 @@ int launch_stream(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_ar
     return 0;
 }
 
-/* The streamed kernel unless MOK_SWIGLU_STREAM=0 (=1 forces it; read on every call, so that one process
- * can compare). */
-enum { kStreamByDefault = 1 };
-static inline bool use_stream(void) {
+/* Which kernel by default, per direction (v54: measured in benchmarks/swiglu_quant_timing.cu and the layer);
+ * MOK_SWIGLU_STREAM=0 / 1 forces the per-tile / streamed one (read on every call, so that one process can
+ * compare). */
+enum { kStreamForward = 1, kStreamBackward = 1 };
+static inline bool use_stream(bool backward) {
     if (env_equals("MOK_SWIGLU_STREAM", "0")) return false;
     if (env_equals("MOK_SWIGLU_STREAM", "1")) return true;
-    return kStreamByDefault != 0;
+    return (backward ? kStreamBackward : kStreamForward) != 0;
 }
 
 template <bool kBackward, bool kScaled>
 int launch(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_args& sw, bool rows, bool cols,
            cudaStream_t stream) {
-    if (!use_stream()) {
+    if (!use_stream(kBackward)) {
         if (rows && cols) launch_tiles<kBackward, true, true, kScaled>(t, sw, stream);
         else if (rows) launch_tiles<kBackward, true, false, kScaled>(t, sw, stream);
         else launch_tiles<kBackward, false, true, kScaled>(t, sw, stream);
