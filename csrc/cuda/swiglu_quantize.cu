@@ -21,7 +21,7 @@ enum { kMinBlocks = 2 }; /* per-tile kernel: CTAs per SM (v39: benchmarks/swiglu
  * run and how many CTAs share an SM (the backward's 96 KiB per item ahead leave room for one). */
 template <bool kBackward>
 struct stream_shape {
-    enum { kAhead = kBackward ? 2 : 1, kCtas = kBackward ? 1 : 2 };
+    enum { kAhead = kBackward ? 2 : 1, kCtas = 1 };
 };
 
 /* The per-tile kernel (MOK_SWIGLU_STREAM=0), one CTA per tile of the output. */
@@ -52,7 +52,7 @@ int launch_stream(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_ar
 /* Which kernel by default, per direction (v54: measured in benchmarks/swiglu_quant_timing.cu and the layer);
  * MOK_SWIGLU_STREAM=0 / 1 forces the per-tile / streamed one (read on every call, so that one process can
  * compare). */
-enum { kStreamForward = 1, kStreamBackward = 1 };
+enum { kStreamForward = 1, kStreamBackward = 0 };
 static inline bool use_stream(bool backward) {
     if (env_equals("MOK_SWIGLU_STREAM", "0")) return false;
     if (env_equals("MOK_SWIGLU_STREAM", "1")) return true;
