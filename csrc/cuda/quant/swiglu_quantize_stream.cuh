@@ -10,6 +10,12 @@
  * cp.async into shared memory kAhead items ahead of their use, so the next item's inputs are in flight
  * while this one is quantised.
  *
+ * Measured (v54, H100, benchmarks/swiglu_quant_timing.cu): the forward at one CTA an SM, one item ahead,
+ * 0.87-0.95 of the copy bandwidth against 0.67-0.73 per tile (at two CTAs an SM it spills and gains
+ * nothing): the library's forward. The backward 0.40-0.48 against 0.55-0.67: its 8 warps cannot issue
+ * two tiles' gradient and quantisation per item fast enough, so the library's backward stays per tile
+ * (MOK_SWIGLU_STREAM=1 forces this one).
+ *
  * Work item: one 128 x 128 tile of [R, I] (tile (tm, tn), row-major, item += gridDim.x). The forward
  * reads g and u and writes act's tile; the backward reads g, u and d_act once and writes both of d_h's
  * tiles (d_gate at columns n0, d_up at I + n0), where the per-tile kernel read g and d_act once per
