@@ -179,8 +179,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_quantize_stream_k
                 if (kBackward) wu[i][k] = pack_bf16x2(vu[0], vu[1]);
             }
             if (kScaled && kBackward) {
-#pragma unroll
-                for (int off = 1; off < kPieces; off *= 2) dot = mok_add(dot, __shfl_xor_sync(0xFFFFFFFFu, dot, off));
+                dot = row_band_sum(dot);
                 if (t.p == i) mine = dot;
             }
             /* NOTE: after the packs above, which depend on the row's slot loads (see the file comment) */
@@ -189,17 +188,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_quantize_stream_k
         set = set + 1 == kAhead ? 0 : set + 1;
         if (!kBackward) {
             if (sw.out != 0) store_block(sw.out + t.r0 * a.N + t.c, a.N, t.rows, w);
-            if (!(kScaled && kCols)) {
-                quantize_tile_block<128, false, kRows, kCols>(a, t, w, s);
-            } else { /* act's row-wise codes, then z = bf16(s * act) and its column-wise ones (swiglu_quantize_tile) */
-                quantize_tile_block<128, false, kRows, false>(a, t, w, s);
-#pragma unroll
-                for (int i = 0; i < 8; ++i)
-#pragma unroll
-                    for (int k = 0; k < 4; ++k)
-                        w[i][k] = pack_bf16x2(mok_mul(sc[i], lo_f(w[i][k])), mok_mul(sc[i], hi_f(w[i][k])));
-                quantize_tile_block<128, false, false, true>(a, t, w, s);
-            }
+            if (kScaled && kCols) quantize_act_and_z<kRows>(a, t, w, s, sc);
+            else quantize_tile_block<128, false, kRows, kCols>(a, t, w, s);
         } else {
             if (kScaled && t.p < t.rows) sw.d_s_part[(int64_t)tn * sw.R + t.r0 + t.p] = mine;
             const tile_thread tu = tile_thread_at(a, tm, tn + nbn); /* d_up's tile of d_h */

@@ -72,6 +72,14 @@ __device__ __forceinline__ void stage_row_scales(const swiglu_tile_args& sw, int
     __syncthreads();
 }
 
+/* The sum of v over the 16 threads of a row band (one half-warp), by a butterfly: the same fixed-shape sum in
+ * every lane. NOTE: every lane runs the shuffles (rows past R hold zeros), so the full mask is right. */
+__device__ __forceinline__ float row_band_sum(float v) {
+#pragma unroll
+    for (int off = 1; off < kPieces; off *= 2) v = mok_add(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+    return v;
+}
+
 /* The thread's 8 x 8 block of act, d_gate or d_up as packed bf16 words (load_block's layout).
  * kScaled backward: sc[i] (shared memory) scales row i's d_act; d_gate blocks also return, in the
  * thread of piece p < 8, row r0 + p's sum of d_act * act over the tile's 128 columns (act rounded to
@@ -136,9 +144,7 @@ __device__ __forceinline__ float swiglu_block(const swiglu_tile_args& s, const t
                 w[i][k] = pack_bf16x2(v[0], v[1]);
             }
             if (kScaled && kPart == kGate) {
-                /* NOTE: every lane runs the shuffles (rows past R hold zeros), so the full mask is right. */
-#pragma unroll
-                for (int off = 1; off < kPieces; off *= 2) dot = mok_add(dot, __shfl_xor_sync(0xFFFFFFFFu, dot, off));
+                dot = row_band_sum(dot);
                 if (t.p == i) mine = dot;
             }
         }
@@ -153,6 +159,19 @@ __device__ __forceinline__ void store_block(__nv_bfloat16* dst, int64_t ld, int 
         if (i < rows) *reinterpret_cast<uint4*>(dst + i * ld) = make_uint4(w[i][0], w[i][1], w[i][2], w[i][3]);
 }
 
+/* The row-scaled forward's copies of act's tile (in w): act's row-wise codes (kRows), then z = bf16(sc[i] *
+ * act) in place and z's column-wise codes; sc: the thread's 8 row scales. */
+template <bool kRows>
+__device__ __forceinline__ void quantize_act_and_z(const tile_args& a, const tile_thread& t, uint32_t (&w)[8][4],
+                                                   rowcol_smem<128>& s, const float* sc) {
+    quantize_tile_block<128, false, kRows, false>(a, t, w, s);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) w[i][k] = pack_bf16x2(mok_mul(sc[i], lo_f(w[i][k])), mok_mul(sc[i], hi_f(w[i][k])));
+    quantize_tile_block<128, false, false, true>(a, t, w, s);
+}
+
 /* One output tile: its block computed, stored as bf16 (when asked for) and quantised. */
 template <swiglu_part kPart, bool kRows, bool kCols, bool kScaled>
 __device__ __forceinline__ void swiglu_quantize_tile(const tile_args& a, const swiglu_tile_args& sw, int tm, int tn,
@@ -164,18 +183,8 @@ __device__ __forceinline__ void swiglu_quantize_tile(const tile_args& a, const s
     if (kScaled && kPart == kGate && t.p < t.rows) sw.d_s_part[(int64_t)t.tn * sw.R + t.r0 + t.p] = dot;
     const tile_thread to = kPart == kUp ? tile_thread_at(a, tm, tn + (int)(sw.I / kTile)) : t; /* in the output */
     if (sw.out != 0) store_block(sw.out + to.r0 * a.N + to.c, a.N, to.rows, w);
-    if (!(kScaled && kPart == kAct && kCols)) {
-        quantize_tile_block<128, false, kRows, kCols>(a, to, w, s);
-        return;
-    }
-    /* forward, row-scaled: act's row-wise codes, then z = bf16(s * act) in place and its column-wise ones */
-    quantize_tile_block<128, false, kRows, false>(a, to, w, s);
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-            w[i][k] = pack_bf16x2(mok_mul(s_scale[8 * t.g + i], lo_f(w[i][k])), mok_mul(s_scale[8 * t.g + i], hi_f(w[i][k])));
-    quantize_tile_block<128, false, false, true>(a, to, w, s);
+    if (kScaled && kPart == kAct && kCols) quantize_act_and_z<kRows>(a, to, w, s, s_scale + 8 * t.g);
+    else quantize_tile_block<128, false, kRows, kCols>(a, to, w, s);
 }
 
 /* a: the output's tile_args (M = R; N = I forward, 2I backward; x unused). kRows / kCols: which
