@@ -7,7 +7,9 @@
  * rows gathered by a plan of top_k 8, unweighted and weighted (the layer's x_rows and d_rows; v45, v46). Random bf16 x on issue
  * 5's quantiser shapes; each variant against a copy of x (same bytes read and written). The band and
  * strip variants' codes and scales are compared byte for byte with the default kernel's. (v42's L2-prefetch variants, dropped:
- * docs/experiments/v42_rowcol_l2_prefetch.patch.)
+ * docs/experiments/v42_rowcol_l2_prefetch.patch.) The experimental streamed kernel (rowcol_stream.cuh, after
+ * v54: persistent, loads one tile ahead by cp.async) at one and two CTAs an SM, plain and gathered, each
+ * compared with its per-tile twin; the gathered rows walk in bands of one tile column (the library's, v51).
  *
  *   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -Ibenchmarks -o /tmp/rct benchmarks/rowcol_timing.cu
  *   /tmp/rct [M N]...        # default: DeepSeek-V3's activation, Qwen3's, the Mixtral weight
@@ -21,6 +23,7 @@
 
 #include "timing_util.cuh"
 #include "quant/quantize_bf16_tile.cuh"
+#include "quant/rowcol_stream.cuh"
 
 using namespace mok_qtile;
 
@@ -77,9 +80,11 @@ int main(int argc, char** argv) {
             const char* name;
             void (*k)(const tile_args);
             double bytes_per_elt; /* read + written, scales left out */
-            int compare;          /* 1: codes and scales against the first 1x128 row; 2: against the first MXFP8 row */
+            int compare;          /* 1: codes and scales against the first 1x128 row; 2: against the first MXFP8 row;
+                                   * 3, 4: against the first gathered / weighted gathered 1x128 row */
             int strip;            /* > 0: a quantize_rowcol_strip_bf16_kernel launch (v43) */
             int gather;           /* 1: rows gathered by a plan of top_k 8 (v45), 2: and weighted (v46) */
+            int stream;           /* > 0: quantize_rowcol_stream_kernel (rowcol_stream.cuh) at this many CTAs an SM */
         };
         const std::vector<V> vs = {
             {"rowcol 1x128", rowcol_variant_kernel<128, false, true, true, 1>, 4.0, 1, 0},
@@ -94,8 +99,13 @@ int main(int argc, char** argv) {
             {"rowcol mxfp8", rowcol_variant_kernel<32, true, true, true, 1>, 4.0, 2, 0},
             {"rowcol mxfp8 strip4", quantize_rowcol_strip_bf16_kernel<32, true, 4>, 4.0, 2, 4},
             {"rowcol mxfp8 strip8", quantize_rowcol_strip_bf16_kernel<32, true, 8>, 4.0, 2, 8},
-            {"rowcol 1x128 gathered", quantize_rowcol_bf16_kernel<128, false, true>, 4.0, 0, 0, 1},
-            {"rowcol 1x128 gathered w", quantize_rowcol_bf16_kernel<128, false, true>, 4.0, 0, 0, 2},
+            {"rowcol 1x128 gathered", quantize_rowcol_bf16_kernel<128, false, true>, 4.0, 3, 0, 1},
+            {"rowcol 1x128 gathered w", quantize_rowcol_bf16_kernel<128, false, true>, 4.0, 4, 0, 2},
+            {"stream 1x128 2cta", quantize_rowcol_stream_kernel<false, 2>, 4.0, 1, 0, 0, 2},
+            {"stream 1x128 1cta", quantize_rowcol_stream_kernel<false, 1>, 4.0, 1, 0, 0, 1},
+            {"stream gathered 2cta", quantize_rowcol_stream_kernel<true, 2>, 4.0, 3, 0, 1, 2},
+            {"stream gathered w 2cta", quantize_rowcol_stream_kernel<true, 2>, 4.0, 4, 0, 2, 2},
+            {"stream gathered w 1cta", quantize_rowcol_stream_kernel<true, 1>, 4.0, 4, 0, 2, 1},
             {"rowcol 1x128 (again)", rowcol_variant_kernel<128, false, true, true, 1>, 4.0, 0, 0},
         };
         /* the layer's gathers (v45, v46): x_rows / d_rows [M, N] of a plan with top_k 8 over the first
@@ -120,17 +130,22 @@ int main(int argc, char** argv) {
         tg.gather.src = src;
         tg.gather.src_limit = M;
         tg.gather.top_k = kTopK;
+        tg.col_band = 1; /* the library's gathered walk (v51) */
         const int64_t sbytes = M * ((N + 31) / 32) * 4, stbytes = N * ((M + 31) / 32) * 4;
-        std::vector<uint8_t> ref[3][4]; /* per compare group: q, qt, scales, scales_t */
+        std::vector<uint8_t> ref[5][4]; /* per compare group: q, qt, scales, scales_t */
+        int sms = 0;
+        CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
         for (const V& v : vs) {
-            const unsigned grid = v.strip ? (unsigned)strip_count(M, N, v.strip) : tiles;
+            const unsigned grid = v.stream ? (unsigned)rowcol_stream_grid(M, N, v.stream, sms)
+                                  : v.strip ? (unsigned)strip_count(M, N, v.strip) : tiles;
+            const size_t smem = v.stream ? rowcol_stream_smem_bytes() : 0;
             if (v.compare) {
                 CHECK(cudaMemset(sc, 0xA5, sbytes));
                 CHECK(cudaMemset(st, 0xA5, stbytes));
             }
             tile_args a = v.gather ? tg : t;
             a.gather.w = v.gather == 2 ? wts : nullptr;
-            const double ms = time_ms([&] { v.k<<<grid, kThreads>>>(a); });
+            const double ms = time_ms([&] { v.k<<<grid, kThreads, smem>>>(a); });
             const char* same = "";
             if (v.compare) {
                 std::vector<uint8_t> got[4] = {host_bytes(q, M * N), host_bytes(qt, M * N), host_bytes(sc, sbytes),

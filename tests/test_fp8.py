@@ -134,6 +134,9 @@ def test_cuda_quantize_matches_c_core_bit_for_bit(recipe, dtype, shape):
 ROWCOL_SHAPES = [(1, 8), (1, 1), (0, 64), (64, 0), (3, 130), (129, 256), (200, 77), (130, 264), (256, 136),
                  (8, 1000), (300, 96)]
 ROWCOL_RECIPES = ["blockwise_1x128", "mxfp8"]
+# (MOK_QUANT_GATHER_BAND, MOK_QUANT_ROWCOL_STREAM) on CUDA: the default, row-major, bands of 1 and 3 tile
+# columns; the streamed kernel row-major and in bands
+BAND_STREAM_CASES = (("", ""), ("0", ""), ("1", ""), ("3", ""), ("", "1"), ("0", "1"), ("3", "1"))
 
 
 def _random_shapes(n):
@@ -250,7 +253,9 @@ def test_rowcol_gather_gives_the_rowcol_of_the_gathered_rows(device, recipe, mon
     # torch.ops.mok.quantize_fp8_rowcol_gather(x, src, w, K) = quantize_rowcol(gather_rows(x, src, w, K)),
     # bit for bit, with and without w: padding rows, K = 1, T = 1, R = 0, ragged R and N (N % 8 != 0:
     # element-wise loads), rows repeated, bf16 (the CUDA kernel) and fp32 (the composition). On CUDA for
-    # each walk of the tiles too (MOK_QUANT_GATHER_BAND: row-major, bands of 1 and 3 tile columns, v51).
+    # each walk of the tiles too (MOK_QUANT_GATHER_BAND: row-major, bands of 1 and 3 tile columns, v51),
+    # and with the experimental streamed 1 x 128 kernel (MOK_QUANT_ROWCOL_STREAM=1; MXFP8 and unaligned
+    # rows keep the per-tile one).
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
     for T, K, R, N, dtype in [(1, 1, 1, 8, torch.bfloat16), (7, 1, 130, 264, torch.bfloat16),
                               (40, 8, 300, 77, torch.bfloat16), (300, 2, 1000, 1000, torch.bfloat16),
@@ -260,13 +265,14 @@ def test_rowcol_gather_gives_the_rowcol_of_the_gathered_rows(device, recipe, mon
         src, w = make_gather_case(T, K, R, device, gen)
         for wt in (None, w):
             want = mok.fp8.quantize_rowcol(torch.ops.mok.gather_rows(x, src, wt, K), recipe)
-            for band in ("", "0", "1", "3") if device == "cuda" else ("",):
+            for band, stream in BAND_STREAM_CASES if device == "cuda" else (("", ""),):
                 monkeypatch.setenv("MOK_QUANT_GATHER_BAND", band)
+                monkeypatch.setenv("MOK_QUANT_ROWCOL_STREAM", stream)
                 got = torch.ops.mok.quantize_fp8_rowcol_gather(x, src, wt, K, recipe)
                 for name, u, v in zip(("q", "scales", "qt", "scales_t"), got, want):
                     assert u.shape == v.shape and u.dtype == v.dtype, (name, u.shape, v.shape)
                     assert torch.equal(u.view(torch.uint8), v.view(torch.uint8)), \
-                        f"T={T} K={K} R={R} N={N} weighted={wt is not None} band={band!r}: {name}"
+                        f"T={T} K={K} R={R} N={N} weighted={wt is not None} band={band!r} stream={stream!r}: {name}"
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -275,12 +281,14 @@ def test_rowcol_scales_t_mn_major_is_the_transpose(device, recipe, monkeypatch):
     # scales_t_mn_major=True (the FP8 weight gradient's operand layout, written by the kernel itself):
     # q, scales and qt unchanged, scales_t the transpose of the default one, bit for bit; plain and
     # gathered rows; ragged and misaligned shapes; with the strip kernel forced (MOK_QUANT_ROWCOL_STRIP,
-    # MXFP8's default on large tensors) MN-major still takes the per-tile kernel.
+    # MXFP8's default on large tensors) MN-major still takes the per-tile kernel; and with the
+    # experimental streamed kernel (MOK_QUANT_ROWCOL_STREAM=1).
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
     for M, N in [(1, 8), (130, 264), (300, 77), (136, 96), (4000, 1024)]:
         x = _inputs_with_edge_blocks((M, N), torch.bfloat16).to(device)
-        for strip in ("", "4"):
+        for strip, stream in (("", ""), ("4", ""), ("", "1")) if device == "cuda" else (("", ""),):
             monkeypatch.setenv("MOK_QUANT_ROWCOL_STRIP", strip)
+            monkeypatch.setenv("MOK_QUANT_ROWCOL_STREAM", stream)
             want = torch.ops.mok.quantize_fp8_rowcol(x, recipe)
             got = torch.ops.mok.quantize_fp8_rowcol(x, recipe, True)
             src, w = make_gather_case(M, 2, M + 50, device, gen)
@@ -309,8 +317,9 @@ def test_rowcol_column_copy_in_128x128_tiles(device, monkeypatch):
         src, w = make_gather_case(M, 2, M + 50, device, gen)
         xg = torch.ops.mok.gather_rows(x, src, w, 2)
         row_g, want_tg = mok.fp8.quantize(xg, "blockwise_1x128"), mok.fp8.quantize(xg.t().contiguous(), col)
-        for strip in ("", "4"):
+        for strip, stream in (("", ""), ("4", ""), ("", "1")) if device == "cuda" else (("", ""),):
             monkeypatch.setenv("MOK_QUANT_ROWCOL_STRIP", strip)
+            monkeypatch.setenv("MOK_QUANT_ROWCOL_STREAM", stream)
             for mn in (False, True):
                 got = torch.ops.mok.quantize_fp8_rowcol(x, "blockwise_1x128", mn, col)
                 got_g = torch.ops.mok.quantize_fp8_rowcol_gather(x, src, w, 2, "blockwise_1x128", mn, col)

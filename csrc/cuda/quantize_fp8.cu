@@ -25,6 +25,7 @@
 #include "common/launch.cuh"
 #include "common/vec.cuh"
 #include "quant/quantize_bf16_tile.cuh"
+#include "quant/rowcol_stream.cuh"
 
 namespace {
 
@@ -248,6 +249,21 @@ extern "C" int mok_quantize_fp8_cuda(const struct mok_quantize_fp8_args* a, cuda
     }
 }
 
+/* EXPERIMENTAL (quant/rowcol_stream.cuh, after v54; not yet timed on a GPU): MOK_QUANT_ROWCOL_STREAM=1 takes
+ * the streamed 1 x 128 rowcol kernel where its rows load as 16 bytes (same outputs). */
+static bool use_rowcol_stream(const mok_qtile::tile_args& t) {
+    return t.vec && env_equals("MOK_QUANT_ROWCOL_STREAM", "1");
+}
+
+template <bool kGather>
+static int launch_rowcol_stream(const mok_qtile::tile_args& t, cudaStream_t stream) {
+    using namespace mok_qtile;
+    enum { kCtas = 2 }; /* 128 registers, no spills (ptxas) */
+    const unsigned grid = (unsigned)rowcol_stream_grid(t.M, t.N, kCtas, mok_num_sms());
+    quantize_rowcol_stream_kernel<kGather, kCtas><<<grid, kThreads, rowcol_stream_smem_bytes(), stream>>>(t);
+    return mok_launch_status();
+}
+
 extern "C" int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol_args* a, cudaStream_t stream) {
     using namespace mok_qtile;
     MOK_CHECK_ARG(a != NULL && a->M >= 0 && a->N >= 0 &&
@@ -272,6 +288,7 @@ extern "C" int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol
         t.gather.top_k = (int)a->K;
         const int band = mok_gather_band(); /* in 128-column tile columns */
         t.col_band = band > 0 && band < t.nbn ? band : t.nbn; /* 0 or wider than the grid: row-major */
+        if (!mx && use_rowcol_stream(t)) return launch_rowcol_stream<true>(t, stream);
         if (mx) quantize_rowcol_bf16_kernel<32, true, true><<<(unsigned)tiles, kThreads, 0, stream>>>(t);
         else quantize_rowcol_bf16_kernel<128, false, true><<<(unsigned)tiles, kThreads, 0, stream>>>(t);
         return mok_launch_status();
@@ -287,6 +304,7 @@ extern "C" int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol
         else quantize_rowcol_strip_bf16_kernel<128, false, 8><<<grid, kThreads, 0, stream>>>(t);
         return mok_launch_status();
     }
+    if (!mx && use_rowcol_stream(t)) return launch_rowcol_stream<false>(t, stream);
     if (mx) {
         quantize_rowcol_bf16_kernel<32, true><<<(unsigned)tiles, kThreads, 0, stream>>>(t);
     } else {

@@ -17,6 +17,7 @@
 #include "quant/quantize_bf16_tile.cuh"
 #include "quant/swiglu_quantize_tile.cuh"
 #include "quant/swiglu_quantize_stream.cuh"
+#include "quant/rowcol_stream.cuh"
 #include "mok_core.h"
 
 #include <cstring>
@@ -156,8 +157,9 @@ std::vector<uint8_t> transpose_bytes(const std::vector<uint8_t>& v, int64_t rows
 /* Runs one kernel on x (placed `offset` elements into its buffer) and checks it against the core.
  * strip (rowcol): the experimental strip kernel with strips of 4 or 8 tiles (v43) instead; mn (rowcol,
  * per tile): scales_t written MN-major, [ceil(M / B), N], checked after transposing it back. */
+/* stream > 0: the streamed 1 x 128 rowcol kernel (rowcol_stream.cuh) on a grid of at most `stream` CTAs */
 void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset, int strip = 0, bool mn = false,
-              bool col_tile = false) {
+              bool col_tile = false, unsigned stream = 0) {
     using namespace mok_qtile;
     const std::vector<uint16_t> x = make_input(rng, M, N);
     std::vector<uint16_t> buf(x.size() + 8);
@@ -171,13 +173,15 @@ void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset,
     tile_args a = tile_args_of(xp, M, N, q.data(), s.data(), rowcol ? qt.data() : nullptr, rowcol ? st.data() : nullptr);
     a.scales_t_mn = mn;
     a.col_tile = col_tile;
-    const unsigned grid = (unsigned)(strip ? strip_count(M, N, strip) : tile_count(M, N));
-    char label[180];
-    snprintf(label, sizeof label, "%s %s M=%lld N=%lld offset=%d vec=%d vec_t=%d strip=%d mn=%d col_tile=%d",
+    const unsigned grid = stream ? std::min(stream, (unsigned)tile_count(M, N))
+                                 : (unsigned)(strip ? strip_count(M, N, strip) : tile_count(M, N));
+    char label[200];
+    snprintf(label, sizeof label, "%s %s M=%lld N=%lld offset=%d vec=%d vec_t=%d strip=%d mn=%d col_tile=%d stream=%u",
              rowcol ? "rowcol" : "rows", name_of(r), (long long)M, (long long)N, offset, a.vec, a.vec_t, strip, mn,
-             col_tile);
+             col_tile, stream);
     const bool ok = launched(label, grid, [&] {
-        if (strip == 4 && r == kMx) quantize_rowcol_strip_bf16_kernel<32, true, 4>(a);
+        if (stream) quantize_rowcol_stream_kernel<false, 2>(a);
+        else if (strip == 4 && r == kMx) quantize_rowcol_strip_bf16_kernel<32, true, 4>(a);
         else if (strip == 4) quantize_rowcol_strip_bf16_kernel<128, false, 4>(a);
         else if (strip == 8 && r == kMx) quantize_rowcol_strip_bf16_kernel<32, true, 8>(a);
         else if (strip == 8) quantize_rowcol_strip_bf16_kernel<128, false, 8>(a);
@@ -199,7 +203,7 @@ uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(mok_from_acc<__nv_bflo
  * w[src[m]], rounded to bf16, when weighted), a zero row where src[m] is outside [0, T * K) (padding -1,
  * and entries past the end, as gather_rows on CUDA). */
 void run_gather_case(Rng& rng, Recipe r, int64_t T, int64_t K, int64_t M, int64_t N, int offset,
-                     bool weighted = false, bool col_tile = false, int band = 0) {
+                     bool weighted = false, bool col_tile = false, int band = 0, unsigned stream = 0) {
     using namespace mok_qtile;
     const std::vector<uint16_t> x = make_input(rng, T, N);
     std::vector<uint16_t> buf(x.size() + 8);
@@ -230,11 +234,12 @@ void run_gather_case(Rng& rng, Recipe r, int64_t T, int64_t K, int64_t M, int64_
     if (band > 0) a.col_band = band; /* else tile_args_of's row-major walk */
     char label[200];
     snprintf(label, sizeof label,
-             "rowcol gather %s T=%lld K=%lld M=%lld N=%lld offset=%d vec=%d weighted=%d col_tile=%d band=%d",
+             "rowcol gather %s T=%lld K=%lld M=%lld N=%lld offset=%d vec=%d weighted=%d col_tile=%d band=%d stream=%u",
              name_of(r), (long long)T, (long long)K, (long long)M, (long long)N, offset, a.vec, weighted, col_tile,
-             band);
-    const bool ok = launched(label, (unsigned)tile_count(M, N), [&] {
-        if (r == kMx) quantize_rowcol_bf16_kernel<32, true, true>(a);
+             band, stream);
+    const bool ok = launched(label, stream ? std::min(stream, (unsigned)tile_count(M, N)) : (unsigned)tile_count(M, N), [&] {
+        if (stream) quantize_rowcol_stream_kernel<true, 2>(a);
+        else if (r == kMx) quantize_rowcol_bf16_kernel<32, true, true>(a);
         else quantize_rowcol_bf16_kernel<128, false, true>(a);
     });
     if (!ok) return;
@@ -441,6 +446,20 @@ int main(int argc, char** argv) {
             run_swiglu_case(rng, false, true, true, false, R, I, true, true, true);
             for (const auto& f : flags) run_swiglu_case(rng, true, f[0], f[1], f[2], R, I, true, R % 2 == 0, true);
         }
+    /* the streamed rowcol kernel (EXPERIMENTAL, after v54), 1 x 128 with aligned rows: grids of 1-3 CTAs (several
+     * tiles each), ragged M and N (rows and columns past the edge zero-filled), the one node's column layouts;
+     * gathered rows with K = 1 and 8, padding, weights, column bands */
+    for (unsigned grid : {1u, 2u, 3u}) {
+        for (const auto& sh : std::vector<std::pair<int64_t, int64_t>>{{1, 8}, {130, 264}, {300, 128}, {256, 136}})
+            run_case(rng, k1x128, true, sh.first, sh.second, 0, 0, false, false, grid);
+        run_case(rng, k1x128, true, 200, 384, 0, 0, true, true, grid);
+        run_case(rng, k1x128, true, 129, 256, 0, 0, true, false, grid);
+        run_gather_case(rng, k1x128, 1, 1, 1, 8, 0, false, false, 0, grid);
+        run_gather_case(rng, k1x128, 37, 8, 300, 264, 0, false, false, 0, grid);
+        run_gather_case(rng, k1x128, 90, 2, 130, 136, 0, true, false, 0, grid);
+        run_gather_case(rng, k1x128, 50, 4, 260, 384, 0, true, true, 2, grid);
+        run_gather_case(rng, k1x128, 37, 8, 300, 264, 0, true, false, 1, grid);
+    }
     /* the streamed kernels (v54): loads one and two items ahead, grids of 1, 2 and 3 CTAs (several items
      * per CTA, a last CTA with fewer), ragged R (rows past R zero-filled), one and several column tiles,
      * every copy combination, the one node's layouts, the row-scaled form */

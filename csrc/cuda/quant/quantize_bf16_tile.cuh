@@ -124,18 +124,21 @@ __device__ __forceinline__ tile_thread tile_thread_of(const tile_args& a) {
     return tile_thread_at(a, tm, (int)blockIdx.x - tm * a.nbn);
 }
 
-/* The CTA's tile when the launch walks bands of a.col_band tile columns (the last band may be narrower),
- * each band row-major down all of M. Why: a gathered row tile reads 128 token rows of x spread over all
+/* Tile idx (the CTA's, blockIdx.x, for tile_thread_banded) when the launch walks bands of a.col_band tile
+ * columns (the last band may be narrower), each band row-major down all of M. Why: a gathered row tile reads 128 token rows of x spread over all
  * of T, and each token is read by top_k row tiles far apart in M; row-major over the whole grid, a
  * token's rows come back long after the L2 has dropped them. Inside one band only T x 128 col_band
  * columns of x are read, which the L2 holds, so x leaves DRAM about once (the row-major walk already
  * caught most repeats: v51 measured 3-8% on the rowcol passes, 14-19% on MXFP8's qdq gathers). */
-__device__ __forceinline__ tile_thread tile_thread_banded(const tile_args& a) {
+__device__ __forceinline__ tile_thread tile_thread_banded_at(const tile_args& a, int idx) {
     const int nbm = (int)((a.M + kTile - 1) / kTile), band_tiles = nbm * a.col_band;
-    const int band = (int)blockIdx.x / band_tiles, in_band = (int)blockIdx.x - band * band_tiles;
+    const int band = idx / band_tiles, in_band = idx - band * band_tiles;
     const int first = band * a.col_band, width = a.nbn - first < a.col_band ? a.nbn - first : a.col_band;
     const int tm = in_band / width;
     return tile_thread_at(a, tm, first + (in_band - tm * width));
+}
+__device__ __forceinline__ tile_thread tile_thread_banded(const tile_args& a) {
+    return tile_thread_banded_at(a, (int)blockIdx.x);
 }
 
 /* ---- packed bf16 helpers ---- */

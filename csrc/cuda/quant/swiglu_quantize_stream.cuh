@@ -36,30 +36,10 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 
+#include "stream_copies.cuh"
 #include "swiglu_quantize_tile.cuh"
-#ifndef MOK_TESTS_CUDA_EMU_H
-#include "../ptx/cp_async.cuh"
-#include "../ptx/smem.cuh"
-#endif
 
 namespace mok_qtile {
-
-/* ---- the FIFO's copies: cp.async on the device; tests/emu/cuda_emu.h models them (a copy lands at
- * the wait that covers its group, not before) ---- */
-#ifndef MOK_TESTS_CUDA_EMU_H
-__device__ __forceinline__ uint4* stream_fifo() {
-    extern __shared__ __align__(16) uint4 mok_stream_fifo[];
-    return mok_stream_fifo;
-}
-/* 16 bytes from src into the slot, or 16 zeros (src unread) when !live */
-__device__ __forceinline__ void stream_copy16(uint4* slot, const void* src, bool live) {
-    cp_async_16(slot, src, live ? 16u : 0u);
-}
-__device__ __forceinline__ void stream_commit() { cp_async_commit(); }
-template <int kPending>
-__device__ __forceinline__ void stream_wait() { cp_async_wait<kPending>(); }
-__device__ __forceinline__ uint4 stream_read(const uint4* slot) { return ld_shared_u32x4(mok_smem_u32(slot)); }
-#endif
 
 /* Dynamic shared memory of a stream kernel: kAhead items' inputs (kIn 16-byte slots per row and thread). */
 static inline size_t stream_smem_bytes(bool backward, int ahead) { return (size_t)ahead * 8 * (backward ? 3 : 2) * kThreads * 16; }
