@@ -39,9 +39,16 @@ int launch_stream(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_ar
     using shape = stream_shape<kBackward>;
     const auto kernel = swiglu_quantize_stream_kernel<kBackward, kRows, kCols, kScaled, shape::kAhead, shape::kCtas>;
     const size_t smem = stream_smem_bytes(kBackward, shape::kAhead);
-    /* NOTE: per call, not cached: the attribute belongs to the current device's context */
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (err != cudaSuccess) return (int)err;
+    /* once per variant and device (as the GEMM launchers do): not again inside a CUDA graph capture */
+    enum { kMaxDevices = 64 };
+    static bool configured[kMaxDevices];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return (int)cudaErrorInvalidDevice;
+    if (!configured[dev]) {
+        const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (err != cudaSuccess) return (int)err;
+        configured[dev] = true;
+    }
     const int64_t items = tile_count(sw.R, sw.I);
     const int64_t resident = (int64_t)shape::kCtas * mok_num_sms();
     const unsigned grid = (unsigned)(items < resident ? items : resident);
