@@ -19,7 +19,8 @@
  * Work item: one 128 x 128 tile of [R, I] (tile (tm, tn), row-major, item += gridDim.x). The forward
  * reads g and u and writes act's tile; the backward reads g, u and d_act once and writes both of d_h's
  * tiles (d_gate at columns n0, d_up at I + n0), where the per-tile kernel read g and d_act once per
- * half: 6 bytes read per (r, j) instead of 10.
+ * half: 6 bytes read per (r, j) instead of 10 (but the per-tile kernel's repeats mostly hit the L2, which
+ * is why the saving did not show, v54).
  *
  * Slots: thread t's slot for (set, row i of its 8 x 8 block, input in) at ((set * 8 + i) * kIn + in) *
  * kThreads + t, so a warp's 32 slots are 512 consecutive bytes (no bank conflicts either way). Each row
@@ -42,7 +43,9 @@
 namespace mok_qtile {
 
 /* Dynamic shared memory of a stream kernel: kAhead items' inputs (kIn 16-byte slots per row and thread). */
-static inline size_t stream_smem_bytes(bool backward, int ahead) { return (size_t)ahead * 8 * (backward ? 3 : 2) * kThreads * 16; }
+static inline size_t stream_smem_bytes(bool backward, int ahead) {
+    return (size_t)ahead * 8 * (backward ? 3 : 2) * kThreads * 16;
+}
 
 /* The thread's rows of one item for its loads: row pointers and how many of its 8 rows lie inside R
  * (-1: no such item, the stream is exhausted). */
