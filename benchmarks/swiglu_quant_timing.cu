@@ -4,7 +4,8 @@
  * on the layer shapes' h [R, 2I] and d_act [R, I] (random bf16). Every variant's codes and scales are
  * compared byte for byte with the first variant's (they must agree: the same arithmetic). The streamed
  * kernels (swiglu_quantize_stream.cuh, v54) run with their loads 1 or 2 items ahead, at 1 or 2 CTAs per SM; the
- * row-scaled forms (v53) are timed per-tile against streamed, with their router-weight partial sums.
+ * row-scaled forms (v53) are timed per-tile against streamed, with their router-weight partial sums; "bwd split"
+ * is the backward streamed per output tile, its loads 4-8 rows ahead (EXPERIMENTAL, after v54).
  *
  *   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -o /tmp/sqt benchmarks/swiglu_quant_timing.cu
  *   /tmp/sqt [R I]...          # default: Qwen3 (131072 768), Mixtral (16384 14336), DeepSeek-V3 (65536 2048)
@@ -88,6 +89,15 @@ int main(int argc, char** argv) {
                 const unsigned grid = std::min<unsigned>(items, (unsigned)(per_sm * sms));
                 return [=](const swiglu_tile_args& a2) { kernel<<<grid, kThreads, smem>>>(t, a2); };
             };
+            /* the backward streamed per output tile (EXPERIMENTAL): items are d_h's tiles, one item ahead */
+            const auto split = [&](auto kernel, int depth) {
+                const size_t smem = (size_t)depth * 3 * kThreads * 16;
+                CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                int per_sm = 0;
+                CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+                const unsigned grid = std::min<unsigned>(tiles, (unsigned)(per_sm * sms));
+                return [=](const swiglu_tile_args& a2) { kernel<<<grid, kThreads, smem>>>(t, a2); };
+            };
             const auto tiled = [&](auto kernel) { return [=](const swiglu_tile_args& a2) { kernel<<<tiles, kThreads>>>(t, a2); }; };
             std::vector<V> vs;
             if (!backward) {
@@ -101,6 +111,9 @@ int main(int argc, char** argv) {
                 vs = {{"bwd min2", false, tiled(swiglu_quantize_bf16_kernel<true, true, true, 2>)},
                       {"bwd ahead1 1cta", false, stream(swiglu_quantize_stream_kernel<true, true, true, false, 1, 1>, 1)},
                       {"bwd ahead2 1cta", false, stream(swiglu_quantize_stream_kernel<true, true, true, false, 2, 1>, 2)},
+                      {"bwd split d6 2cta", false, split(swiglu_backward_split_stream_kernel<true, true, 2, 6>, 6)},
+                      {"bwd split d4 2cta", false, split(swiglu_backward_split_stream_kernel<true, true, 2, 4>, 4)},
+                      {"bwd split d8 1cta", false, split(swiglu_backward_split_stream_kernel<true, true, 1, 8>, 8)},
                       {"bwd scaled min2", true, tiled(swiglu_quantize_bf16_kernel<true, true, true, 2, true>)},
                       {"bwd scaled a2 1c", true, stream(swiglu_quantize_stream_kernel<true, true, true, true, 2, 1>, 2)}};
             }

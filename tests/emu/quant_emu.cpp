@@ -258,13 +258,19 @@ void run_gather_case(Rng& rng, Recipe r, int64_t T, int64_t K, int64_t M, int64_
  * increasing j, then the butterfly over the 16 pieces: at each step a piece adds its partner's sum to its
  * own), NaN against NaN. */
 /* One SwiGLU kernel: stream 0 the per-tile kernel (one CTA per tile), 1 and 2 the streamed one with its
- * loads that many items ahead (on a grid of `grid` CTAs). */
+ * loads that many items ahead (on a grid of `grid` CTAs), 3, 4 and 5 the backward streamed per output tile
+ * (swiglu_backward_split_stream_kernel, EXPERIMENTAL) with its ring 6, 8 and 3 rows deep. */
 template <bool kBackward, bool kRows, bool kCols, bool kScaled>
 void swiglu_kernel(int stream, const mok_qtile::tile_args& a, const mok_qtile::swiglu_tile_args& sw) {
     using namespace mok_qtile;
     if (stream == 0) swiglu_quantize_bf16_kernel<kBackward, kRows, kCols, 2, kScaled>(a, sw);
     else if (stream == 1) swiglu_quantize_stream_kernel<kBackward, kRows, kCols, kScaled, 1, 2>(a, sw);
-    else swiglu_quantize_stream_kernel<kBackward, kRows, kCols, kScaled, 2, 1>(a, sw);
+    else if (stream == 2) swiglu_quantize_stream_kernel<kBackward, kRows, kCols, kScaled, 2, 1>(a, sw);
+    else if constexpr (kBackward && !kScaled) {
+        if (stream == 3) swiglu_backward_split_stream_kernel<kRows, kCols, 2, 6>(a, sw);
+        else if (stream == 4) swiglu_backward_split_stream_kernel<kRows, kCols, 1, 8>(a, sw);
+        else swiglu_backward_split_stream_kernel<kRows, kCols, 2, 3>(a, sw);
+    } else abort(); /* streams 3-5: the split backward only */
 }
 
 void run_swiglu_case(Rng& rng, bool backward, bool rows, bool cols, bool keep, int64_t R, int64_t I, bool mn = false,
@@ -332,7 +338,7 @@ void run_swiglu_case(Rng& rng, bool backward, bool rows, bool cols, bool keep, i
              "swiglu %s rows=%d cols=%d keep=%d R=%lld I=%lld mn=%d col_tile=%d scaled=%d stream=%d grid=%u",
              backward ? "backward" : "forward", rows, cols, keep, (long long)R, (long long)I, mn, col_tile, scaled, stream,
              grid);
-    const unsigned items = (unsigned)tile_count(R, I); /* the streamed kernel's work items */
+    const unsigned items = (unsigned)tile_count(R, stream >= 3 ? N : I); /* the streamed kernel's work items */
     const unsigned launch_grid = stream == 0 ? (unsigned)tile_count(R, N) : std::min(grid, items);
     const bool ok = launched(label, launch_grid, [&] {
         if (scaled && backward && rows && cols) swiglu_kernel<true, true, true, true>(stream, a, sw);
@@ -474,6 +480,16 @@ int main(int argc, char** argv) {
                         run_swiglu_case(rng, backward, true, true, R % 2 == 0, R, I, true, R % 2 == 0, true, stream, grid);
                         if (!backward) run_swiglu_case(rng, false, false, true, true, R, I, false, true, true, stream, grid);
                     }
+    /* the backward streamed per output tile (EXPERIMENTAL), rings of 6, 8 and 3 rows: grids of 1-5 CTAs (d_gate and d_up items mixed in
+     * one CTA), ragged R, every copy combination, the one node's layouts */
+    for (int stream : {3, 4, 5})
+        for (unsigned grid : {1u, 2u, 3u, 5u})
+            for (int64_t R : {1, 130, 1 + rng.below(300)})
+                for (int64_t I : {128, 384}) {
+                    for (const auto& f : flags)
+                        run_swiglu_case(rng, true, f[0], f[1], f[2], R, I, false, false, false, stream, grid);
+                    run_swiglu_case(rng, true, true, true, false, R, I, true, true, false, stream, grid);
+                }
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

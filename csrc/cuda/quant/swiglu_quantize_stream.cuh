@@ -187,6 +187,93 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_quantize_stream_k
     stream_wait<0>(); /* nothing in flight when the CTA exits (only empty groups are left by now) */
 }
 
+/* EXPERIMENTAL (after v54; stand-alone timing only, benchmarks/swiglu_quant_timing.cu): the backward streamed
+ * per output tile, as the per-tile kernel divides it (a d_gate tile reads g, u and d_act, a d_up tile g and
+ * d_act), at two CTAs an SM (128 registers, 16 warps an SM as the per-tile kernel has) with each thread's
+ * loads kDepth rows ahead by cp.async. Why: the pair form above (both halves per item, one CTA an SM) issued
+ * too slowly; this keeps the per-tile kernel's instructions and warps and adds only the loads ahead.
+ * Work item: one 128 x 128 tile of d_h [R, 2I] (row-major). The CTA's rows form one sequence (item n's row i
+ * is row q = 8n + i); row q sits in ring slot q % kDepth (kIn = 3 16-byte slots a row; a d_up item leaves its
+ * u slot unused), and once used its slot is refilled with row q + kDepth (this item's or the next's), so
+ * kDepth groups are in flight at every row's start. Why a ring and not a whole item ahead: 8 rows of three
+ * inputs are 96 KiB a CTA, and two such CTAs with their 22.5 KiB of quantiser scratch do not fit an SM.
+ * Same outputs as swiglu_quantize_bf16_kernel<true, kRows, kCols, ., false>. */
+template <bool kRows, bool kCols, int kMinBlocks, int kDepth>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_backward_split_stream_kernel(const tile_args a,
+                                                                                             const swiglu_tile_args sw) {
+    static_assert(kDepth >= 1 && kDepth <= 8, "the ring holds at most one item's rows");
+    enum { kIn = 3 };
+    __shared__ rowcol_smem<128> s;
+    uint4* const ring = stream_fifo() + threadIdx.x;
+    const int nbn = (int)(sw.I / kTile), nbo = 2 * nbn; /* tiles along I and along d_h's columns */
+    const int in_items = (int)((sw.R + kTile - 1) / kTile) * nbn; /* tiles of [R, I] */
+    const int items = 2 * in_items, step = (int)gridDim.x;
+    /* an item's rows: those of its tile of [R, I] (item_rows_of; rows -1 past the last item); up: a d_up tile */
+    const auto rows_of = [&](int item, bool& up) {
+        const int tm = item / nbo, to = item - tm * nbo;
+        up = to >= nbn;
+        return item_rows_of<true>(sw, nbn, in_items, item >= items ? in_items : tm * nbn + (up ? to - nbn : to));
+    };
+    /* row i's loads into its slots and one commit (a d_up item's u is not loaded) */
+    const auto issue = [&](const item_rows& r, bool up, int i, uint4* row) {
+        if (r.rows >= 0) {
+            const bool live = i < r.rows;
+            const __nv_bfloat16* g = live ? r.g + i * 2 * sw.I : sw.h;
+            stream_copy16(row, g, live);
+            if (!up) stream_copy16(row + kThreads, live ? g + sw.I : sw.h, live);
+            stream_copy16(row + 2 * kThreads, live ? r.da + i * sw.I : sw.h, live);
+        }
+        stream_commit();
+    };
+    bool up;
+    item_rows cur = rows_of((int)blockIdx.x, up);
+#pragma unroll 1
+    for (int i = 0; i < kDepth; ++i) issue(cur, up, i, ring + i * kIn * kThreads);
+    int slot0 = 0; /* the ring slot of the item's row 0 */
+#pragma unroll 1
+    for (int item = (int)blockIdx.x; item < items; item += step) {
+        const int tm = item / nbo, to = item - tm * nbo;
+        const tile_thread t = tile_thread_at(a, tm, to); /* in d_h */
+        bool next_up;
+        const item_rows next = rows_of(item + step, next_up);
+        uint32_t w[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            stream_wait<kDepth - 1>(); /* row i's group is the oldest of the kDepth in flight */
+            int sl = slot0 + i;
+            while (sl >= kDepth) sl -= kDepth;
+            uint4* const row = ring + sl * kIn * kThreads;
+            const uint4 gq = stream_read(row), dq = stream_read(row + 2 * kThreads);
+            const uint4 uq = up ? make_uint4(0u, 0u, 0u, 0u) : stream_read(row + kThreads);
+            const uint32_t gw[4] = {gq.x, gq.y, gq.z, gq.w}, uw[4] = {uq.x, uq.y, uq.z, uq.w};
+            const uint32_t dw[4] = {dq.x, dq.y, dq.z, dq.w};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                float v[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float gv = h ? hi_f(gw[k]) : lo_f(gw[k]), uv = h ? hi_f(uw[k]) : lo_f(uw[k]);
+                    const float dv = h ? hi_f(dw[k]) : lo_f(dw[k]);
+                    /* each half is its own expression in mok_swiglu_grad: the same bits computed alone */
+                    float d_gate, d_up;
+                    mok_swiglu_grad(gv, uv, dv, d_gate, d_up);
+                    v[h] = up ? d_up : d_gate;
+                }
+                w[i][k] = pack_bf16x2(v[0], v[1]);
+            }
+            /* NOTE: after the packs above, which depend on the row's slot loads; row q + kDepth */
+            if (i + kDepth < 8) issue(cur, up, i + kDepth, row);
+            else issue(next, next_up, i + kDepth - 8, row);
+        }
+        slot0 = (slot0 + 8) % kDepth;
+        cur = next;
+        up = next_up;
+        if (sw.out != 0) store_block(sw.out + t.r0 * a.N + t.c, a.N, t.rows, w);
+        quantize_tile_block<128, false, kRows, kCols>(a, t, w, s);
+    }
+    stream_wait<0>();
+}
+
 }  // namespace mok_qtile
 
 #endif /* MOK_CUDA_QUANT_SWIGLU_QUANTIZE_STREAM_CUH */
