@@ -10,8 +10,9 @@ copies in one kernel both ways, v52), 'mok_fp8_all_3nodes' and 'mok_fp8_all_tile
 three nodes (mok._fp8_experts.FUSED_MLP_COMBINE=False; same bits), 'mok_fp8_all_rgs' and
 'mok_fp8_all_tiled_rgs' the one node with the router-weight gradient from d_z's side in SwiGLU's backward
 instead of combine_weight_grad over the rows (ROUTER_GRAD_IN_SWIGLU=True, v53, opt-in);
-'mok_fp8_all_tiled_pertile' the tiled one node with SwiGLU's forward kernel per tile instead of streamed
-(MOK_SWIGLU_STREAM=0, v54; same bits), 'mok_fp8_all_tiled_rcstream' with the experimental streamed rowcol
+'mok_fp8_all_tiled_pertile' the tiled one node with SwiGLU's kernels per tile instead of streamed
+(MOK_SWIGLU_STREAM=0, v54/v55; same bits), 'mok_fp8_all_tiled_fwdstream' with the forward's streamed and the
+backward's per tile (MOK_SWIGLU_STREAM=fwd, v54's default), 'mok_fp8_all_tiled_rcstream' with the experimental streamed rowcol
 quantiser for x_rows' and d_rows' copies (MOK_QUANT_ROWCOL_STREAM=1; same bits);
 'mok_fp8_all_bf16_gather' the same with
 x_rows' and d_rows' FP8 copies made from the bf16 gathers instead of straight from x and dy
@@ -74,7 +75,7 @@ ZIPF_EXPONENT = 1.2
 # eager first: the reference for errors and ratios
 IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_fp8_all_tiled", "mok_fp8_all_3nodes",
          "mok_fp8_all_tiled_3nodes", "mok_fp8_all_rgs", "mok_fp8_all_tiled_rgs", "mok_fp8_all_tiled_pertile",
-         "mok_fp8_all_tiled_rcstream", "mok_fp8_all_bf16_gather", "mok_fp8_all_fused", "mok_fp8_dgrad_swq",
+         "mok_fp8_all_tiled_fwdstream", "mok_fp8_all_tiled_rcstream", "mok_fp8_all_bf16_gather", "mok_fp8_all_fused", "mok_fp8_dgrad_swq",
          "mok_fp8_all_swq", "mok_fp8_all_swq_fwd", "mok_mxfp8", "mok_mxfp8_bf16_gather", "compiled", "naive")
 NAIVE_MAX_S = 1.0  # --naive auto: time the naive loop only if one fwd+bwd takes less than this
 ERR_TOL = 2e-2
@@ -376,6 +377,9 @@ def impl_table(dev, compiled=False):
              "mok_fp8_all_tiled_pertile": _with_env(functools.partial(
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad="tiled"),
                  "MOK_SWIGLU_STREAM", "0"),
+             "mok_fp8_all_tiled_fwdstream": _with_env(functools.partial(
+                 mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad="tiled"),
+                 "MOK_SWIGLU_STREAM", "fwd"),
              "mok_fp8_all_tiled_rcstream": _with_env(functools.partial(
                  mok.functional.moe_experts, recipe="blockwise", fp8_dgrad=True, fp8_wgrad="tiled"),
                  "MOK_QUANT_ROWCOL_STREAM", "1"),

@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
             };
             /* the backward streamed per output tile (EXPERIMENTAL): items are d_h's tiles, one item ahead */
             const auto split = [&](auto kernel, int depth) {
-                const size_t smem = (size_t)depth * 3 * kThreads * 16;
+                const size_t smem = split_stream_smem_bytes(depth);
                 CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
                 int per_sm = 0;
                 CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));

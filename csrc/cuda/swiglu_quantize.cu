@@ -1,10 +1,12 @@
 /*
  * mok_swiglu_quantize_fp8_cuda: SwiGLU or its gradient with the result quantised in the same pass
  * (why: the FP8 layer quantises act and d_h right after computing them, and their bf16 copies were a
- * round trip through memory). The streamed kernel of quant/swiglu_quantize_stream.cuh by default (v54);
- * MOK_SWIGLU_STREAM=0 takes the per-tile one of quant/swiglu_quantize_tile.cuh (same outputs).
+ * round trip through memory). The streamed kernels of quant/swiglu_quantize_stream.cuh by default (forward v54,
+ * backward v55); MOK_SWIGLU_STREAM=0 takes the per-tile one of quant/swiglu_quantize_tile.cuh (same outputs).
  */
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 
@@ -17,12 +19,11 @@ namespace {
 
 enum { kMinBlocks = 2 }; /* per-tile kernel: CTAs per SM (v39: benchmarks/swiglu_quant_timing.cu) */
 
-/* The streamed kernel's shape (v54, benchmarks/swiglu_quant_timing.cu): how many items ahead its loads
- * run and how many CTAs share an SM (the backward's 96 KiB per item ahead leave room for one). */
-template <bool kBackward>
-struct stream_shape {
-    enum { kAhead = kBackward ? 2 : 1, kCtas = 1 };
-};
+/* The streamed forward's shape (v54, benchmarks/swiglu_quant_timing.cu): one item ahead, one CTA an SM. */
+enum { kForwardAhead = 1, kForwardCtas = 1 };
+/* The streamed backward (v55: swiglu_backward_split_stream_kernel, per output tile): its ring of loads
+ * 4 rows deep at two CTAs an SM (4 and 6 rows measured alike, 8 rows fit one CTA only and lost). */
+enum { kBackwardDepth = 4, kBackwardCtas = 2 };
 
 /* The per-tile kernel (MOK_SWIGLU_STREAM=0), one CTA per tile of the output. */
 template <bool kBackward, bool kRows, bool kCols, bool kScaled>
@@ -32,44 +33,56 @@ void launch_tiles(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_ar
     swiglu_quantize_bf16_kernel<kBackward, kRows, kCols, kMinBlocks, kScaled><<<grid, kThreads, 0, stream>>>(t, sw);
 }
 
-/* The streamed kernel: persistent, as many CTAs as are resident (or as there are items). */
-template <bool kBackward, bool kRows, bool kCols, bool kScaled>
-int launch_stream(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_args& sw, cudaStream_t stream) {
-    using namespace mok_qtile;
-    using shape = stream_shape<kBackward>;
-    const auto kernel = swiglu_quantize_stream_kernel<kBackward, kRows, kCols, kScaled, shape::kAhead, shape::kCtas>;
-    const size_t smem = stream_smem_bytes(kBackward, shape::kAhead);
-    /* once per variant and device (as the GEMM launchers do): not again inside a CUDA graph capture */
-    enum { kMaxDevices = 64 };
-    static bool configured[kMaxDevices];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return (int)cudaErrorInvalidDevice;
-    if (!configured[dev]) {
-        const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (err != cudaSuccess) return (int)err;
-        configured[dev] = true;
-    }
-    const int64_t items = tile_count(sw.R, sw.I);
-    const int64_t resident = (int64_t)shape::kCtas * mok_num_sms();
-    const unsigned grid = (unsigned)(items < resident ? items : resident);
-    kernel<<<grid, kThreads, smem, stream>>>(t, sw);
+/* A persistent kernel on as many CTAs as are resident (ctas an SM), or as there are items. */
+template <auto kKernel>
+int launch_persistent(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_args& sw, int64_t items, int ctas,
+                      size_t smem, cudaStream_t stream) {
+    const int err = mok_opt_in_dynamic_smem<kKernel>(smem); /* once per device: not inside a graph capture */
+    if (err != 0) return err;
+    const int64_t resident = (int64_t)ctas * mok_num_sms();
+    kKernel<<<(unsigned)(items < resident ? items : resident), mok_qtile::kThreads, smem, stream>>>(t, sw);
     return 0;
 }
 
-/* Which kernel by default, per direction (v54: measured in benchmarks/swiglu_quant_timing.cu and the layer);
- * MOK_SWIGLU_STREAM=0 / 1 forces the per-tile / streamed one (read on every call, so that one process can
- * compare). */
-enum { kStreamForward = 1, kStreamBackward = 0 };
-static inline bool use_stream(bool backward) {
-    if (env_equals("MOK_SWIGLU_STREAM", "0")) return false;
-    if (env_equals("MOK_SWIGLU_STREAM", "1")) return true;
-    return (backward ? kStreamBackward : kStreamForward) != 0;
+/* The streamed kernels: the forward's (items: tiles of [R, I]); the plain backward's split per output tile
+ * (items: tiles of d_h [R, 2I]); the row-scaled backward's pair form (v54, both halves per item; slower
+ * than per tile, taken only when forced). */
+template <bool kBackward, bool kRows, bool kCols, bool kScaled>
+int launch_stream(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_args& sw, cudaStream_t stream) {
+    using namespace mok_qtile;
+    if constexpr (!kBackward) {
+        constexpr auto kernel = swiglu_quantize_stream_kernel<false, kRows, kCols, kScaled, kForwardAhead, kForwardCtas>;
+        return launch_persistent<kernel>(t, sw, tile_count(sw.R, sw.I), kForwardCtas,
+                                         stream_smem_bytes(false, kForwardAhead), stream);
+    } else if constexpr (!kScaled) {
+        constexpr auto kernel = swiglu_backward_split_stream_kernel<kRows, kCols, kBackwardCtas, kBackwardDepth>;
+        return launch_persistent<kernel>(t, sw, tile_count(sw.R, 2 * sw.I), kBackwardCtas,
+                                         split_stream_smem_bytes(kBackwardDepth), stream);
+    } else {
+        enum { kAhead = 2 };
+        constexpr auto kernel = swiglu_quantize_stream_kernel<true, kRows, kCols, true, kAhead, 1>;
+        return launch_persistent<kernel>(t, sw, tile_count(sw.R, sw.I), 1, stream_smem_bytes(true, kAhead), stream);
+    }
+}
+
+/* Which kernel, per direction (v54, v55: measured in benchmarks/swiglu_quant_timing.cu and the layer):
+ * streamed except the row-scaled backward. MOK_SWIGLU_STREAM=0 / 1 forces the per-tile / streamed kernels
+ * both ways, =fwd / =bwd streams that direction only (read on every call, so that one process can compare). */
+static inline bool use_stream(bool backward, bool scaled) {
+    const char* env = getenv("MOK_SWIGLU_STREAM");
+    if (env != NULL && *env != 0) {
+        if (strcmp(env, "0") == 0) return false;
+        if (strcmp(env, "1") == 0) return true;
+        if (strcmp(env, "fwd") == 0) return !backward;
+        if (strcmp(env, "bwd") == 0) return backward;
+    }
+    return !(backward && scaled);
 }
 
 template <bool kBackward, bool kScaled>
 int launch(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_args& sw, bool rows, bool cols,
            cudaStream_t stream) {
-    if (!use_stream(kBackward)) {
+    if (!use_stream(kBackward, kScaled)) {
         if (rows && cols) launch_tiles<kBackward, true, true, kScaled>(t, sw, stream);
         else if (rows) launch_tiles<kBackward, true, false, kScaled>(t, sw, stream);
         else launch_tiles<kBackward, false, true, kScaled>(t, sw, stream);

@@ -73,6 +73,25 @@ static inline int mok_num_sms(void) {
     return n;
 }
 
+/* Opts kKernel in to `bytes` of dynamic shared memory (needed past 48 KiB, static included) once per
+ * device: the attribute is per device, and setting it again on every launch would also set it inside a
+ * CUDA graph capture. 0 or the cudaError_t. kKernel is a template argument so that each kernel has its
+ * own flags (a function-pointer argument would share them between kernels of one signature).
+ * NOTE: plain static flags; concurrent first calls set the same attribute. */
+template <auto kKernel>
+static inline int mok_opt_in_dynamic_smem(size_t bytes) {
+    enum { kMaxDevices = 64 };
+    static bool configured[kMaxDevices];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return (int)cudaErrorInvalidDevice;
+    if (!configured[dev]) {
+        const cudaError_t err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+        if (err != cudaSuccess) return (int)err;
+        configured[dev] = true;
+    }
+    return 0;
+}
+
 /* Number of blocks of a grid-stride launch over n work items, threads items per block, at most
  * blocks_per_sm blocks per SM (n > 0). */
 static inline unsigned int mok_grid_stride_blocks(int64_t n, int64_t threads, int64_t blocks_per_sm) {

@@ -198,6 +198,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_quantize_stream_k
  * kDepth groups are in flight at every row's start. Why a ring and not a whole item ahead: 8 rows of three
  * inputs are 96 KiB a CTA, and two such CTAs with their 22.5 KiB of quantiser scratch do not fit an SM.
  * Same outputs as swiglu_quantize_bf16_kernel<true, kRows, kCols, ., false>. */
+static inline size_t split_stream_smem_bytes(int depth) { return (size_t)depth * 3 * kThreads * 16; }
+
 template <bool kRows, bool kCols, int kMinBlocks, int kDepth>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_backward_split_stream_kernel(const tile_args a,
                                                                                              const swiglu_tile_args sw) {
