@@ -249,7 +249,7 @@ extern "C" int mok_quantize_fp8_cuda(const struct mok_quantize_fp8_args* a, cuda
     }
 }
 
-/* EXPERIMENTAL (quant/rowcol_stream.cuh, v55): MOK_QUANT_ROWCOL_STREAM=1 takes
+/* EXPERIMENTAL (quant/rowcol_stream.cuh; v55: slower in the layer): MOK_QUANT_ROWCOL_STREAM=1 takes
  * the streamed 1 x 128 rowcol kernel where its rows load as 16 bytes (same outputs). */
 static bool use_rowcol_stream(const mok_qtile::tile_args& t) {
     return t.vec && env_equals("MOK_QUANT_ROWCOL_STREAM", "1");

@@ -2,7 +2,10 @@
  * The 1 x 128 rowcol quantiser (row-wise and column-wise FP8 copies from one read of x) with its loads
  * streamed through shared memory, plain or of a plan's gathered rows: the same outputs as
  * quantize_rowcol_bf16_kernel<128, false, kGather> (quantize_bf16_tile.cuh), bit for bit. EXPERIMENTAL
- * (performance log v54's next step; opt-in, MOK_QUANT_ROWCOL_STREAM=1, not yet timed on a GPU).
+ * (opt-in, MOK_QUANT_ROWCOL_STREAM=1). Measured in the layer (v55, H100): 1.5-2% slower on Qwen3 and
+ * DeepSeek-V3, even on Mixtral; not yet timed stand-alone (v55's rowcol_timing.cu run had the launch
+ * without its shared-memory opt-in). The per-tile gathered pass already runs at 0.91-0.96 of copy
+ * stand-alone there, so the headroom this kernel was written for is the layer's, not the kernel's.
  *
  * Why: v54's streamed SwiGLU forward (swiglu_quantize_stream.cuh: persistent CTAs, one an SM, each
  * thread's loads one tile ahead by cp.async) ran at 0.87-0.95 of the copy bandwidth where its per-tile

@@ -12,9 +12,10 @@
  *
  * Measured (v54, H100, benchmarks/swiglu_quant_timing.cu): the forward at one CTA an SM, one item ahead,
  * 0.87-0.95 of the copy bandwidth against 0.67-0.73 per tile (at two CTAs an SM it spills and gains
- * nothing): the library's forward. The backward 0.40-0.48 against 0.55-0.67: its 8 warps cannot issue
- * two tiles' gradient and quantisation per item fast enough, so the library's backward stays per tile
- * (MOK_SWIGLU_STREAM=1 forces this one).
+ * nothing): the library's forward. This kernel's backward (both halves of d_h per item) 0.40-0.48 against
+ * 0.55-0.67: its 8 warps cannot issue two tiles' gradient and quantisation per item fast enough. The
+ * library's plain backward is swiglu_backward_split_stream_kernel below (v55: per output tile, two CTAs an
+ * SM, 0.63-0.78); this one serves only the row-scaled backward when MOK_SWIGLU_STREAM=1 forces it.
  *
  * Work item: one 128 x 128 tile of [R, I] (tile (tm, tn), row-major, item += gridDim.x). The forward
  * reads g and u and writes act's tile; the backward reads g, u and d_act once and writes both of d_h's
@@ -187,11 +188,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_quantize_stream_k
     stream_wait<0>(); /* nothing in flight when the CTA exits (only empty groups are left by now) */
 }
 
-/* EXPERIMENTAL (after v54; stand-alone timing only, benchmarks/swiglu_quant_timing.cu): the backward streamed
- * per output tile, as the per-tile kernel divides it (a d_gate tile reads g, u and d_act, a d_up tile g and
- * d_act), at two CTAs an SM (128 registers, 16 warps an SM as the per-tile kernel has) with each thread's
- * loads kDepth rows ahead by cp.async. Why: the pair form above (both halves per item, one CTA an SM) issued
- * too slowly; this keeps the per-tile kernel's instructions and warps and adds only the loads ahead.
+/* The library's plain backward (v55): streamed per output tile, as the per-tile kernel divides it (a d_gate
+ * tile reads g, u and d_act, a d_up tile g and d_act), at two CTAs an SM (121-126 registers, 16 warps an SM as
+ * the per-tile kernel has) with each thread's loads kDepth rows ahead by cp.async. Why: the pair form above
+ * (both halves per item, one CTA an SM) issued too slowly; this keeps the per-tile kernel's instructions and
+ * warps and adds only the loads ahead. Measured (v55, H100, benchmarks/swiglu_quant_timing.cu): 0.73 / 0.63 /
+ * 0.78 of copy at a 4-row ring on Qwen3 / Mixtral / DeepSeek-V3 against 0.62 / 0.55 / 0.64 per tile (6 rows
+ * alike; 8 rows fit one CTA an SM only: 0.59-0.62). So the per-tile kernel was not issue-bound: its warps
+ * waited on loads it could not issue early.
  * Work item: one 128 x 128 tile of d_h [R, 2I] (row-major). The CTA's rows form one sequence (item n's row i
  * is row q = 8n + i); row q sits in ring slot q % kDepth (kIn = 3 16-byte slots a row; a d_up item leaves its
  * u slot unused), and once used its slot is refilled with row q + kDepth (this item's or the next's), so
