@@ -5,7 +5,7 @@
  * compared byte for byte with the first variant's (they must agree: the same arithmetic). The streamed
  * kernels (swiglu_quantize_stream.cuh, v54) run with their loads 1 or 2 items ahead, at 1 or 2 CTAs per SM; the
  * row-scaled forms (v53) are timed per-tile against streamed, with their router-weight partial sums; "bwd split"
- * is the backward streamed per output tile, its loads 4-8 rows ahead (EXPERIMENTAL, after v54).
+ * is the backward streamed per output tile, its loads 4-8 rows ahead (v55; the library's at 4 rows).
  *
  *   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -o /tmp/sqt benchmarks/swiglu_quant_timing.cu
  *   /tmp/sqt [R I]...          # default: Qwen3 (131072 768), Mixtral (16384 14336), DeepSeek-V3 (65536 2048)
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
                 const unsigned grid = std::min<unsigned>(items, (unsigned)(per_sm * sms));
                 return [=](const swiglu_tile_args& a2) { kernel<<<grid, kThreads, smem>>>(t, a2); };
             };
-            /* the backward streamed per output tile (EXPERIMENTAL): items are d_h's tiles, one item ahead */
+            /* the backward streamed per output tile (v55): items are d_h's tiles, loads `depth` rows ahead */
             const auto split = [&](auto kernel, int depth) {
                 const size_t smem = split_stream_smem_bytes(depth);
                 CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));

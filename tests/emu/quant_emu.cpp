@@ -259,7 +259,8 @@ void run_gather_case(Rng& rng, Recipe r, int64_t T, int64_t K, int64_t M, int64_
  * own), NaN against NaN. */
 /* One SwiGLU kernel: stream 0 the per-tile kernel (one CTA per tile), 1 and 2 the streamed one with its
  * loads that many items ahead (on a grid of `grid` CTAs), 3, 4 and 5 the backward streamed per output tile
- * (swiglu_backward_split_stream_kernel, EXPERIMENTAL) with its ring 6, 8 and 3 rows deep. */
+ * (swiglu_backward_split_stream_kernel, the library's plain backward since v55 at 4 rows) with its ring 6, 8
+ * and 3 rows deep. */
 template <bool kBackward, bool kRows, bool kCols, bool kScaled>
 void swiglu_kernel(int stream, const mok_qtile::tile_args& a, const mok_qtile::swiglu_tile_args& sw) {
     using namespace mok_qtile;
@@ -480,8 +481,8 @@ int main(int argc, char** argv) {
                         run_swiglu_case(rng, backward, true, true, R % 2 == 0, R, I, true, R % 2 == 0, true, stream, grid);
                         if (!backward) run_swiglu_case(rng, false, false, true, true, R, I, false, true, true, stream, grid);
                     }
-    /* the backward streamed per output tile (EXPERIMENTAL), rings of 6, 8 and 3 rows: grids of 1-5 CTAs (d_gate and d_up items mixed in
-     * one CTA), ragged R, every copy combination, the one node's layouts */
+    /* the backward streamed per output tile (v55), rings of 6, 8 and 3 rows: grids of 1-5 CTAs (d_gate and
+     * d_up items mixed in one CTA), ragged R, every copy combination, the one node's layouts */
     for (int stream : {3, 4, 5})
         for (unsigned grid : {1u, 2u, 3u, 5u})
             for (int64_t R : {1, 130, 1 + rng.below(300)})
