@@ -3,9 +3,10 @@
  * in their compile-time variants, against the plain rowcol quantiser of the same output and a copy,
  * on the layer shapes' h [R, 2I] and d_act [R, I] (random bf16). Every variant's codes and scales are
  * compared byte for byte with the first variant's (they must agree: the same arithmetic). The streamed
- * kernels (swiglu_quantize_stream.cuh, v54) run with their loads 1 or 2 items ahead, at 1 or 2 CTAs per SM; the
- * row-scaled forms (v53) are timed per-tile against streamed, with their router-weight partial sums; "bwd split"
- * is the backward streamed per output tile, its loads 4-8 rows ahead (v55; the library's at 4 rows).
+ * forward (swiglu_quantize_stream.cuh, v54) runs with its loads 1 or 2 items ahead, at 1 or 2 CTAs per SM,
+ * and in its row-scaled form (v53) against the per-tile one; "bwd split" is the backward streamed per output
+ * tile, its loads 4-8 rows ahead (v55; the library's at 4 rows); the row-scaled backward is per tile only,
+ * with its router-weight partial sums.
  *
  *   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -o /tmp/sqt benchmarks/swiglu_quant_timing.cu
  *   /tmp/sqt [R I]...          # default: Qwen3 (131072 768), Mixtral (16384 14336), DeepSeek-V3 (65536 2048)
@@ -82,7 +83,7 @@ int main(int argc, char** argv) {
             };
             /* a streamed kernel: dynamic shared memory set once, grid = resident CTAs (or fewer items) */
             const auto stream = [&](auto kernel, int ahead) {
-                const size_t smem = stream_smem_bytes(backward, ahead);
+                const size_t smem = stream_smem_bytes(ahead);
                 CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
                 int per_sm = 0;
                 CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
@@ -102,20 +103,17 @@ int main(int argc, char** argv) {
             std::vector<V> vs;
             if (!backward) {
                 vs = {{"fwd min2", false, tiled(swiglu_quantize_bf16_kernel<false, true, true, 2>)},
-                      {"fwd ahead1 2cta", false, stream(swiglu_quantize_stream_kernel<false, true, true, false, 1, 2>, 1)},
-                      {"fwd ahead1 1cta", false, stream(swiglu_quantize_stream_kernel<false, true, true, false, 1, 1>, 1)},
-                      {"fwd ahead2 1cta", false, stream(swiglu_quantize_stream_kernel<false, true, true, false, 2, 1>, 2)},
+                      {"fwd ahead1 2cta", false, stream(swiglu_quantize_stream_kernel<true, true, false, 1, 2>, 1)},
+                      {"fwd ahead1 1cta", false, stream(swiglu_quantize_stream_kernel<true, true, false, 1, 1>, 1)},
+                      {"fwd ahead2 1cta", false, stream(swiglu_quantize_stream_kernel<true, true, false, 2, 1>, 2)},
                       {"fwd scaled min2", true, tiled(swiglu_quantize_bf16_kernel<false, true, true, 2, true>)},
-                      {"fwd scaled a1 2c", true, stream(swiglu_quantize_stream_kernel<false, true, true, true, 1, 2>, 1)}};
+                      {"fwd scaled a1 2c", true, stream(swiglu_quantize_stream_kernel<true, true, true, 1, 2>, 1)}};
             } else {
                 vs = {{"bwd min2", false, tiled(swiglu_quantize_bf16_kernel<true, true, true, 2>)},
-                      {"bwd ahead1 1cta", false, stream(swiglu_quantize_stream_kernel<true, true, true, false, 1, 1>, 1)},
-                      {"bwd ahead2 1cta", false, stream(swiglu_quantize_stream_kernel<true, true, true, false, 2, 1>, 2)},
                       {"bwd split d6 2cta", false, split(swiglu_backward_split_stream_kernel<true, true, 2, 6>, 6)},
                       {"bwd split d4 2cta", false, split(swiglu_backward_split_stream_kernel<true, true, 2, 4>, 4)},
                       {"bwd split d8 1cta", false, split(swiglu_backward_split_stream_kernel<true, true, 1, 8>, 8)},
-                      {"bwd scaled min2", true, tiled(swiglu_quantize_bf16_kernel<true, true, true, 2, true>)},
-                      {"bwd scaled a2 1c", true, stream(swiglu_quantize_stream_kernel<true, true, true, true, 2, 1>, 2)}};
+                      {"bwd scaled min2", true, tiled(swiglu_quantize_bf16_kernel<true, true, true, 2, true>)}};
             }
             std::vector<uint8_t> ref[2][5];
             for (const V& v : vs) {

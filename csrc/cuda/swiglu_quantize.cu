@@ -46,31 +46,29 @@ int launch_persistent(const mok_qtile::tile_args& t, const mok_qtile::swiglu_til
     return 0;
 }
 
-/* The streamed kernels: the forward's (items: tiles of [R, I]); the plain backward's split per output tile
- * (items: tiles of d_h [R, 2I]); the row-scaled backward's pair form (v54, both halves per item; slower
- * than per tile, taken only when forced). */
+/* The streamed kernels: the forward's (items: tiles of [R, I]) and the plain backward's, split per output
+ * tile (items: tiles of d_h [R, 2I]). The row-scaled backward has no streamed form (v55: removed, slower). */
 template <bool kBackward, bool kRows, bool kCols, bool kScaled>
 int launch_stream(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_args& sw, cudaStream_t stream) {
     using namespace mok_qtile;
     if constexpr (!kBackward) {
-        constexpr auto kernel = swiglu_quantize_stream_kernel<false, kRows, kCols, kScaled, kForwardAhead, kForwardCtas>;
-        return launch_persistent<kernel>(t, sw, tile_count(sw.R, sw.I), kForwardCtas,
-                                         stream_smem_bytes(false, kForwardAhead), stream);
-    } else if constexpr (!kScaled) {
+        constexpr auto kernel = swiglu_quantize_stream_kernel<kRows, kCols, kScaled, kForwardAhead, kForwardCtas>;
+        return launch_persistent<kernel>(t, sw, tile_count(sw.R, sw.I), kForwardCtas, stream_smem_bytes(kForwardAhead),
+                                         stream);
+    } else {
+        static_assert(!kScaled, "the row-scaled backward runs per tile");
         constexpr auto kernel = swiglu_backward_split_stream_kernel<kRows, kCols, kBackwardCtas, kBackwardDepth>;
         return launch_persistent<kernel>(t, sw, tile_count(sw.R, 2 * sw.I), kBackwardCtas,
                                          split_stream_smem_bytes(kBackwardDepth), stream);
-    } else {
-        enum { kAhead = 2 };
-        constexpr auto kernel = swiglu_quantize_stream_kernel<true, kRows, kCols, true, kAhead, 1>;
-        return launch_persistent<kernel>(t, sw, tile_count(sw.R, sw.I), 1, stream_smem_bytes(true, kAhead), stream);
     }
 }
 
 /* Which kernel, per direction (v54, v55: measured in benchmarks/swiglu_quant_timing.cu and the layer):
- * streamed except the row-scaled backward. MOK_SWIGLU_STREAM=0 / 1 forces the per-tile / streamed kernels
- * both ways, =fwd / =bwd streams that direction only (read on every call, so that one process can compare). */
+ * streamed, except the row-scaled backward, which has only the per-tile kernel. MOK_SWIGLU_STREAM=0 / 1
+ * forces the per-tile / streamed kernels both ways, =fwd / =bwd streams that direction only (read on every
+ * call, so that one process can compare). */
 static inline bool use_stream(bool backward, bool scaled) {
+    if (backward && scaled) return false;
     const char* env = getenv("MOK_SWIGLU_STREAM");
     if (env != NULL && *env != 0) {
         if (strcmp(env, "0") == 0) return false;
@@ -78,7 +76,7 @@ static inline bool use_stream(bool backward, bool scaled) {
         if (strcmp(env, "fwd") == 0) return !backward;
         if (strcmp(env, "bwd") == 0) return backward;
     }
-    return !(backward && scaled);
+    return true;
 }
 
 template <bool kBackward, bool kScaled>
@@ -90,9 +88,13 @@ int launch(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_args& sw,
         else launch_tiles<kBackward, false, true, kScaled>(t, sw, stream);
         return 0;
     }
-    if (rows && cols) return launch_stream<kBackward, true, true, kScaled>(t, sw, stream);
-    if (rows) return launch_stream<kBackward, true, false, kScaled>(t, sw, stream);
-    return launch_stream<kBackward, false, true, kScaled>(t, sw, stream);
+    if constexpr (kBackward && kScaled) {
+        return (int)cudaErrorInvalidValue; /* not reached: use_stream() says per tile */
+    } else {
+        if (rows && cols) return launch_stream<kBackward, true, true, kScaled>(t, sw, stream);
+        if (rows) return launch_stream<kBackward, true, false, kScaled>(t, sw, stream);
+        return launch_stream<kBackward, false, true, kScaled>(t, sw, stream);
+    }
 }
 
 }  // namespace

@@ -7,7 +7,8 @@
  * pointers; and the SwiGLU + quantisation kernels (quant/swiglu_quantize_tile.cuh, forward and
  * backward, row-wise / column-wise / both, with and without the bf16 result) against the same SwiGLU
  * arithmetic run element by element here, then the C core's quantisation; and the streamed SwiGLU
- * kernels (quant/swiglu_quantize_stream.cuh: persistent, loads one or two items ahead) the same way. Built and run by
+ * kernels (quant/swiglu_quantize_stream.cuh: persistent; the forward's loads one or two items ahead, the
+ * backward's a ring of rows ahead per output tile) the same way. Built and run by
  * tests/test_fp8_emu.py:
  *
  *     quant_emu SEED     prints one line per failure and "N passed, N failed"
@@ -257,21 +258,27 @@ void run_gather_case(Rng& rng, Recipe r, int64_t T, int64_t K, int64_t M, int64_
  * partial sums of d_z . act are checked bit for bit against the kernel's order (each piece of 8 columns in
  * increasing j, then the butterfly over the 16 pieces: at each step a piece adds its partner's sum to its
  * own), NaN against NaN. */
-/* One SwiGLU kernel: stream 0 the per-tile kernel (one CTA per tile), 1 and 2 the streamed one with its
- * loads that many items ahead (on a grid of `grid` CTAs), 3, 4 and 5 the backward streamed per output tile
- * (swiglu_backward_split_stream_kernel, the library's plain backward since v55 at 4 rows) with its ring 6, 8
- * and 3 rows deep. */
+/* One SwiGLU kernel: stream 0 the per-tile kernel (one CTA per tile); for the forward 1 and 2 the streamed
+ * one with its loads that many items ahead (on a grid of `grid` CTAs); for the plain backward 3, 4 and 5
+ * the one streamed per output tile (swiglu_backward_split_stream_kernel, the library's since v55 at 4 rows)
+ * with its ring 6, 8 and 3 rows deep. */
 template <bool kBackward, bool kRows, bool kCols, bool kScaled>
 void swiglu_kernel(int stream, const mok_qtile::tile_args& a, const mok_qtile::swiglu_tile_args& sw) {
     using namespace mok_qtile;
-    if (stream == 0) swiglu_quantize_bf16_kernel<kBackward, kRows, kCols, 2, kScaled>(a, sw);
-    else if (stream == 1) swiglu_quantize_stream_kernel<kBackward, kRows, kCols, kScaled, 1, 2>(a, sw);
-    else if (stream == 2) swiglu_quantize_stream_kernel<kBackward, kRows, kCols, kScaled, 2, 1>(a, sw);
-    else if constexpr (kBackward && !kScaled) {
+    if (stream == 0) {
+        swiglu_quantize_bf16_kernel<kBackward, kRows, kCols, 2, kScaled>(a, sw);
+    } else if constexpr (!kBackward) {
+        if (stream == 1) swiglu_quantize_stream_kernel<kRows, kCols, kScaled, 1, 2>(a, sw);
+        else if (stream == 2) swiglu_quantize_stream_kernel<kRows, kCols, kScaled, 2, 1>(a, sw);
+        else abort(); /* streams 3-5: the backward's */
+    } else if constexpr (!kScaled) {
         if (stream == 3) swiglu_backward_split_stream_kernel<kRows, kCols, 2, 6>(a, sw);
         else if (stream == 4) swiglu_backward_split_stream_kernel<kRows, kCols, 1, 8>(a, sw);
-        else swiglu_backward_split_stream_kernel<kRows, kCols, 2, 3>(a, sw);
-    } else abort(); /* streams 3-5: the split backward only */
+        else if (stream == 5) swiglu_backward_split_stream_kernel<kRows, kCols, 2, 3>(a, sw);
+        else abort(); /* streams 1-2: the forward's */
+    } else {
+        abort(); /* the row-scaled backward is per tile only */
+    }
 }
 
 void run_swiglu_case(Rng& rng, bool backward, bool rows, bool cols, bool keep, int64_t R, int64_t I, bool mn = false,
@@ -467,20 +474,19 @@ int main(int argc, char** argv) {
         run_gather_case(rng, k1x128, 50, 4, 260, 384, 0, true, true, 2, grid);
         run_gather_case(rng, k1x128, 37, 8, 300, 264, 0, true, false, 1, grid);
     }
-    /* the streamed kernels (v54): loads one and two items ahead, grids of 1, 2 and 3 CTAs (several items
+    /* the streamed forward (v54): loads one and two items ahead, grids of 1, 2 and 3 CTAs (several items
      * per CTA, a last CTA with fewer), ragged R (rows past R zero-filled), one and several column tiles,
      * every copy combination, the one node's layouts, the row-scaled form */
     for (int stream : {1, 2})
         for (unsigned grid : {1u, 2u, 3u})
             for (int64_t R : {1, 130, 1 + rng.below(300)})
-                for (int64_t I : {128, 384})
-                    for (bool backward : {false, true}) {
-                        for (const auto& f : flags)
-                            run_swiglu_case(rng, backward, f[0], f[1], f[2], R, I, false, false, false, stream, grid);
-                        run_swiglu_case(rng, backward, true, true, false, R, I, true, true, false, stream, grid);
-                        run_swiglu_case(rng, backward, true, true, R % 2 == 0, R, I, true, R % 2 == 0, true, stream, grid);
-                        if (!backward) run_swiglu_case(rng, false, false, true, true, R, I, false, true, true, stream, grid);
-                    }
+                for (int64_t I : {128, 384}) {
+                    for (const auto& f : flags)
+                        run_swiglu_case(rng, false, f[0], f[1], f[2], R, I, false, false, false, stream, grid);
+                    run_swiglu_case(rng, false, true, true, false, R, I, true, true, false, stream, grid);
+                    run_swiglu_case(rng, false, true, true, R % 2 == 0, R, I, true, R % 2 == 0, true, stream, grid);
+                    run_swiglu_case(rng, false, false, true, true, R, I, false, true, true, stream, grid);
+                }
     /* the backward streamed per output tile (v55), rings of 6, 8 and 3 rows: grids of 1-5 CTAs (d_gate and
      * d_up items mixed in one CTA), ragged R, every copy combination, the one node's layouts */
     for (int stream : {3, 4, 5})

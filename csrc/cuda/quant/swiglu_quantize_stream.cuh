@@ -12,18 +12,18 @@
  *
  * Measured (v54, H100, benchmarks/swiglu_quant_timing.cu): the forward at one CTA an SM, one item ahead,
  * 0.87-0.95 of the copy bandwidth against 0.67-0.73 per tile (at two CTAs an SM it spills and gains
- * nothing): the library's forward. This kernel's backward (both halves of d_h per item) 0.40-0.48 against
- * 0.55-0.67: its 8 warps cannot issue two tiles' gradient and quantisation per item fast enough. The
- * library's plain backward is swiglu_backward_split_stream_kernel below (v55: per output tile, two CTAs an
- * SM, 0.63-0.78); this one serves only the row-scaled backward when MOK_SWIGLU_STREAM=1 forces it.
+ * nothing): the library's forward. The backward (swiglu_backward_split_stream_kernel below, v55) streams
+ * per output tile at two CTAs an SM, 0.63-0.78 of copy against 0.55-0.64 per tile. A first backward form
+ * of the forward kernel, reading g, u and d_act once and making both halves of d_h per item (6 bytes read
+ * per (r, j) instead of 10), ran at 0.40-0.48 (v54): one CTA of 8 warps could not issue two tiles' gradient
+ * and quantisation per item fast enough, and the bytes it saved were mostly the L2's (the per-tile grid
+ * re-reads g and d_act within about a wave). It was removed in v55 (git history has it), as was the
+ * row-scaled backward's streamed form (0.29-0.35 of copy); the row-scaled backward runs per tile.
  *
- * Work item: one 128 x 128 tile of [R, I] (tile (tm, tn), row-major, item += gridDim.x). The forward
- * reads g and u and writes act's tile; the backward reads g, u and d_act once and writes both of d_h's
- * tiles (d_gate at columns n0, d_up at I + n0), where the per-tile kernel read g and d_act once per
- * half: 6 bytes read per (r, j) instead of 10 (but the per-tile kernel's repeats mostly hit the L2, which
- * is why the saving did not show, v54).
+ * Work item of the forward: one 128 x 128 tile of [R, I] (tile (tm, tn), row-major, item += gridDim.x),
+ * reading g and u and writing act's tile.
  *
- * Slots: thread t's slot for (set, row i of its 8 x 8 block, input in) at ((set * 8 + i) * kIn + in) *
+ * Slots (forward): thread t's slot for (set, row i of its 8 x 8 block, input in) at ((set * 8 + i) * kIn + in) *
  * kThreads + t, so a warp's 32 slots are 512 consecutive bytes (no bank conflicts either way). Each row
  * is one commit group, so exactly 8 * kAhead groups are in flight at every row's start (an exhausted
  * stream commits empty ones) and cp.async.wait_group(8 * kAhead - 1) completes the row's. A row's slots
@@ -43,10 +43,9 @@
 
 namespace mok_qtile {
 
-/* Dynamic shared memory of a stream kernel: kAhead items' inputs (kIn 16-byte slots per row and thread). */
-static inline size_t stream_smem_bytes(bool backward, int ahead) {
-    return (size_t)ahead * 8 * (backward ? 3 : 2) * kThreads * 16;
-}
+/* Dynamic shared memory of the streamed forward: kAhead items' inputs (g and u: two 16-byte slots per row
+ * and thread). */
+static inline size_t stream_smem_bytes(int ahead) { return (size_t)ahead * 8 * 2 * kThreads * 16; }
 
 /* The thread's rows of one item for its loads: row pointers and how many of its 8 rows lie inside R
  * (-1: no such item, the stream is exhausted). */
@@ -73,30 +72,28 @@ __device__ __forceinline__ item_rows item_rows_of(const swiglu_tile_args& sw, in
     return r;
 }
 
-/* Row i's loads (g, u[, d_act]) into its kIn slots (slot in at slots[in * kThreads]) and one commit;
- * rows past R are zero-filled without reading, and an exhausted stream commits an empty group. */
-template <bool kBackward>
-__device__ __forceinline__ void issue_row(const item_rows& r, const swiglu_tile_args& sw, int i, uint4* slots) {
+/* The forward's row i loads (g, u) into its two slots (u's at slots[kThreads]) and one commit; rows past
+ * R are zero-filled without reading, and an exhausted stream commits an empty group. */
+__device__ __forceinline__ void issue_forward_row(const item_rows& r, const swiglu_tile_args& sw, int i, uint4* slots) {
     if (r.rows >= 0) {
         const bool live = i < r.rows; /* else src is not read: h's first element stands in for it */
         const __nv_bfloat16* g = live ? r.g + i * 2 * sw.I : sw.h;
         stream_copy16(slots, g, live);
         stream_copy16(slots + kThreads, live ? g + sw.I : sw.h, live);
-        if (kBackward) stream_copy16(slots + 2 * kThreads, live ? r.da + i * sw.I : sw.h, live);
     }
     stream_commit();
 }
 
-/* a: the output's tile_args as for swiglu_quantize_bf16_kernel (M = R; N = I forward, 2I backward).
- * Grid: at most one CTA per item (tile of [R, I]), persistent over items (the launcher sizes it to the
- * resident CTAs); dynamic shared memory stream_smem_bytes(kBackward, kAhead). Each thread's loads run
- * kAhead items ahead of its compute: item k's row i sits in slot set k % kAhead, and once computed the
- * set's row i is refilled with item k + kAhead's. Same outputs as swiglu_quantize_bf16_kernel<kBackward,
- * kRows, kCols, ., kScaled>, d_s_part included. kMinBlocks: CTAs per SM the registers must allow. */
-template <bool kBackward, bool kRows, bool kCols, bool kScaled, int kAhead, int kMinBlocks>
+/* The forward: act [R, I] from h, its copies as swiglu_quantize_bf16_kernel<false, kRows, kCols, ., kScaled>
+ * makes them (a: act's tile_args, M = R, N = I). Grid: at most one CTA per item (tile of [R, I]),
+ * persistent over items (the launcher sizes it to the resident CTAs); dynamic shared memory
+ * stream_smem_bytes(kAhead). Each thread's loads run kAhead items ahead of its compute: item k's row i
+ * sits in slot set k % kAhead, and once computed the set's row i is refilled with item k + kAhead's.
+ * kMinBlocks: CTAs per SM the registers must allow. */
+template <bool kRows, bool kCols, bool kScaled, int kAhead, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_quantize_stream_kernel(const tile_args a,
                                                                                       const swiglu_tile_args sw) {
-    enum { kIn = kBackward ? 3 : 2, kSetSlots = 8 * kIn * kThreads };
+    enum { kIn = 2, kSetSlots = 8 * kIn * kThreads };
     __shared__ rowcol_smem<128> s;
     __shared__ float s_scale[kScaled ? kTile : 1]; /* kScaled: the item's row scales */
     uint4* const fifo = stream_fifo() + threadIdx.x;
@@ -105,9 +102,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_quantize_stream_k
 
 #pragma unroll 1
     for (int k = 0; k < kAhead; ++k) {
-        const item_rows r = item_rows_of<kBackward>(sw, nbn, items, (int)blockIdx.x + k * step);
+        const item_rows r = item_rows_of<false>(sw, nbn, items, (int)blockIdx.x + k * step);
 #pragma unroll 1
-        for (int i = 0; i < 8; ++i) issue_row<kBackward>(r, sw, i, fifo + k * kSetSlots + i * kIn * kThreads);
+        for (int i = 0; i < 8; ++i) issue_forward_row(r, sw, i, fifo + k * kSetSlots + i * kIn * kThreads);
     }
 
     /* kScaled: thread t < 128 holds the next item's scale of row t (loaded an item ahead) */
@@ -129,61 +126,32 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_quantize_stream_k
             next_scale = scale_of(item + step);
         }
         const float* sc = s_scale + 8 * t.g;
-        const item_rows next = item_rows_of<kBackward>(sw, nbn, items, item + kAhead * step);
+        const item_rows next = item_rows_of<false>(sw, nbn, items, item + kAhead * step);
         uint4* const slots = fifo + set * kSetSlots;
-        uint32_t w[8][4];  /* act, or d_gate */
-        uint32_t wu[8][4]; /* d_up (backward) */
-        float mine = 0.f;  /* kScaled backward: row r0 + p's d_z . act over the tile */
+        uint32_t w[8][4]; /* act */
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             stream_wait<8 * kAhead - 1>(); /* row i's group is the oldest of the 8 kAhead in flight */
             uint4* const row = slots + i * kIn * kThreads;
             const uint4 gq = stream_read(row), uq = stream_read(row + kThreads);
-            const uint4 dq = kBackward ? stream_read(row + 2 * kThreads) : make_uint4(0u, 0u, 0u, 0u);
             const uint32_t gw[4] = {gq.x, gq.y, gq.z, gq.w}, uw[4] = {uq.x, uq.y, uq.z, uq.w};
-            const uint32_t dw[4] = {dq.x, dq.y, dq.z, dq.w};
-            const float si = kScaled ? sc[i] : 1.f;
-            float dot = 0.f;
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-                float v[2], vu[2];
+                float v[2];
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const float gv = h ? hi_f(gw[k]) : lo_f(gw[k]), uv = h ? hi_f(uw[k]) : lo_f(uw[k]);
-                    const float dv = h ? hi_f(dw[k]) : lo_f(dw[k]);
-                    if (!kBackward) {
-                        v[h] = mok_swiglu(gv, uv);
-                    } else {
-                        if (kScaled) /* j increasing, as swiglu_block */
-                            dot = mok_add(dot, mok_mul(dv, bf16_rounded(mok_swiglu(gv, uv))));
-                        mok_swiglu_grad(gv, uv, kScaled ? mok_mul(si, dv) : dv, v[h], vu[h]);
-                    }
+                    v[h] = mok_swiglu(gv, uv);
                 }
                 w[i][k] = pack_bf16x2(v[0], v[1]);
-                if (kBackward) wu[i][k] = pack_bf16x2(vu[0], vu[1]);
-            }
-            if (kScaled && kBackward) {
-                dot = row_band_sum(dot);
-                if (t.p == i) mine = dot;
             }
             /* NOTE: after the packs above, which depend on the row's slot loads (see the file comment) */
-            issue_row<kBackward>(next, sw, i, row);
+            issue_forward_row(next, sw, i, row);
         }
         set = set + 1 == kAhead ? 0 : set + 1;
-        if (!kBackward) {
-            if (sw.out != 0) store_block(sw.out + t.r0 * a.N + t.c, a.N, t.rows, w);
-            if (kScaled && kCols) quantize_act_and_z<kRows>(a, t, w, s, sc);
-            else quantize_tile_block<128, false, kRows, kCols>(a, t, w, s);
-        } else {
-            if (kScaled && t.p < t.rows) sw.d_s_part[(int64_t)tn * sw.R + t.r0 + t.p] = mine;
-            const tile_thread tu = tile_thread_at(a, tm, tn + nbn); /* d_up's tile of d_h */
-            if (sw.out != 0) {
-                store_block(sw.out + t.r0 * a.N + t.c, a.N, t.rows, w);
-                store_block(sw.out + tu.r0 * a.N + tu.c, a.N, tu.rows, wu);
-            }
-            quantize_tile_block<128, false, kRows, kCols>(a, t, w, s);
-            quantize_tile_block<128, false, kRows, kCols>(a, tu, wu, s);
-        }
+        if (sw.out != 0) store_block(sw.out + t.r0 * a.N + t.c, a.N, t.rows, w);
+        if (kScaled && kCols) quantize_act_and_z<kRows>(a, t, w, s, sc);
+        else quantize_tile_block<128, false, kRows, kCols>(a, t, w, s);
     }
     stream_wait<0>(); /* nothing in flight when the CTA exits (only empty groups are left by now) */
 }
