@@ -81,23 +81,19 @@ int main(int argc, char** argv) {
                 bool scaled;
                 std::function<void(const swiglu_tile_args&)> run;
             };
-            /* a streamed kernel: dynamic shared memory set once, grid = resident CTAs (or fewer items) */
-            const auto stream = [&](auto kernel, int ahead) {
-                const size_t smem = stream_smem_bytes(ahead);
+            /* a persistent kernel over n items: dynamic shared memory set once, grid = resident CTAs (or fewer) */
+            const auto persistent = [&](auto kernel, size_t smem, unsigned n) {
                 CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
                 int per_sm = 0;
                 CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-                const unsigned grid = std::min<unsigned>(items, (unsigned)(per_sm * sms));
+                const unsigned grid = std::min<unsigned>(n, (unsigned)(per_sm * sms));
                 return [=](const swiglu_tile_args& a2) { kernel<<<grid, kThreads, smem>>>(t, a2); };
             };
+            /* the streamed forward: items are act's tiles, loads `ahead` items ahead */
+            const auto stream = [&](auto kernel, int ahead) { return persistent(kernel, stream_smem_bytes(ahead), items); };
             /* the backward streamed per output tile (v55): items are d_h's tiles, loads `depth` rows ahead */
             const auto split = [&](auto kernel, int depth) {
-                const size_t smem = split_stream_smem_bytes(depth);
-                CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-                int per_sm = 0;
-                CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-                const unsigned grid = std::min<unsigned>(tiles, (unsigned)(per_sm * sms));
-                return [=](const swiglu_tile_args& a2) { kernel<<<grid, kThreads, smem>>>(t, a2); };
+                return persistent(kernel, split_stream_smem_bytes(depth), tiles);
             };
             const auto tiled = [&](auto kernel) { return [=](const swiglu_tile_args& a2) { kernel<<<tiles, kThreads>>>(t, a2); }; };
             std::vector<V> vs;

@@ -133,18 +133,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_quantize_stream_k
         for (int i = 0; i < 8; ++i) {
             stream_wait<8 * kAhead - 1>(); /* row i's group is the oldest of the 8 kAhead in flight */
             uint4* const row = slots + i * kIn * kThreads;
-            const uint4 gq = stream_read(row), uq = stream_read(row + kThreads);
-            const uint32_t gw[4] = {gq.x, gq.y, gq.z, gq.w}, uw[4] = {uq.x, uq.y, uq.z, uq.w};
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                float v[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const float gv = h ? hi_f(gw[k]) : lo_f(gw[k]), uv = h ? hi_f(uw[k]) : lo_f(uw[k]);
-                    v[h] = mok_swiglu(gv, uv);
-                }
-                w[i][k] = pack_bf16x2(v[0], v[1]);
-            }
+            swiglu_row_words<false>(stream_read(row), stream_read(row + kThreads), make_uint4(0u, 0u, 0u, 0u), false,
+                                    w[i]);
             /* NOTE: after the packs above, which depend on the row's slot loads (see the file comment) */
             issue_forward_row(next, sw, i, row);
         }
@@ -218,23 +208,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_backward_split_st
             while (sl >= kDepth) sl -= kDepth;
             uint4* const row = ring + sl * kIn * kThreads;
             const uint4 gq = stream_read(row), dq = stream_read(row + 2 * kThreads);
-            const uint4 uq = up ? make_uint4(0u, 0u, 0u, 0u) : stream_read(row + kThreads);
-            const uint32_t gw[4] = {gq.x, gq.y, gq.z, gq.w}, uw[4] = {uq.x, uq.y, uq.z, uq.w};
-            const uint32_t dw[4] = {dq.x, dq.y, dq.z, dq.w};
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                float v[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const float gv = h ? hi_f(gw[k]) : lo_f(gw[k]), uv = h ? hi_f(uw[k]) : lo_f(uw[k]);
-                    const float dv = h ? hi_f(dw[k]) : lo_f(dw[k]);
-                    /* each half is its own expression in mok_swiglu_grad: the same bits computed alone */
-                    float d_gate, d_up;
-                    mok_swiglu_grad(gv, uv, dv, d_gate, d_up);
-                    v[h] = up ? d_up : d_gate;
-                }
-                w[i][k] = pack_bf16x2(v[0], v[1]);
-            }
+            const uint4 uq = up ? make_uint4(0u, 0u, 0u, 0u) : stream_read(row + kThreads); /* d_up: u unused */
+            swiglu_row_words<true>(gq, uq, dq, up, w[i]);
             /* NOTE: after the packs above, which depend on the row's slot loads; row q + kDepth */
             if (i + kDepth < 8) issue(cur, up, i + kDepth, row);
             else issue(next, next_up, i + kDepth - 8, row);

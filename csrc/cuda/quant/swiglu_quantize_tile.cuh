@@ -61,6 +61,33 @@ __device__ __forceinline__ float bf16_rounded(float v) {
     return __uint_as_float((uint32_t)__bfloat16_as_ushort(mok_from_acc<__nv_bfloat16>(v)) << 16);
 }
 
+/* One block row's 8 values as 4 packed bf16 words (load_block's layout), from its g, u and d_act words:
+ * act (!kGrad; d_act unused) or, for the gradient, d_up (up) or d_gate (u unused for d_up). The streamed
+ * kernels' row; swiglu_block below interleaves the row-scaled sums with the same arithmetic.
+ * NOTE: each half of mok_swiglu_grad is its own expression, so computing one of them gives the same bits. */
+template <bool kGrad>
+__device__ __forceinline__ void swiglu_row_words(const uint4& gq, const uint4& uq, const uint4& dq, bool up,
+                                                 uint32_t (&out)[4]) {
+    const uint32_t gw[4] = {gq.x, gq.y, gq.z, gq.w}, uw[4] = {uq.x, uq.y, uq.z, uq.w};
+    const uint32_t dw[4] = {dq.x, dq.y, dq.z, dq.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        float v[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float gv = h ? hi_f(gw[k]) : lo_f(gw[k]), uv = h ? hi_f(uw[k]) : lo_f(uw[k]);
+            if (!kGrad) {
+                v[h] = mok_swiglu(gv, uv);
+            } else {
+                float d_gate, d_up;
+                mok_swiglu_grad(gv, uv, h ? hi_f(dw[k]) : lo_f(dw[k]), d_gate, d_up);
+                v[h] = up ? d_up : d_gate;
+            }
+        }
+        out[k] = pack_bf16x2(v[0], v[1]);
+    }
+}
+
 /* The tile's 128 row scales (0 past R) into shared memory, one per thread of the first 128, then a
  * barrier; the backward calls it after its first batch's loads are issued, so that their latency and
  * the scales' overlap. Why shared memory and not registers: the backward holds 24 x 16 bytes of loads per thread
