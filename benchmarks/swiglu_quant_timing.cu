@@ -5,8 +5,8 @@
  * compared byte for byte with the first variant's (they must agree: the same arithmetic). The streamed
  * forward (swiglu_quantize_stream.cuh, v54) runs with its loads 1 or 2 items ahead, at 1 or 2 CTAs per SM,
  * and in its row-scaled form (v53) against the per-tile one; "bwd split" is the backward streamed per output
- * tile, its loads 4-8 rows ahead (v55; the library's at 4 rows); the row-scaled backward is per tile only,
- * with its router-weight partial sums.
+ * tile, its loads 4-8 rows ahead (v55; the library's at 4 rows), and its row-scaled form (v56, with the
+ * router-weight partial sums) against the per-tile one.
  *
  *   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -o /tmp/sqt benchmarks/swiglu_quant_timing.cu
  *   /tmp/sqt [R I]...          # default: Qwen3 (131072 768), Mixtral (16384 14336), DeepSeek-V3 (65536 2048)
@@ -92,8 +92,8 @@ int main(int argc, char** argv) {
             /* the streamed forward: items are act's tiles, loads `ahead` items ahead */
             const auto stream = [&](auto kernel, int ahead) { return persistent(kernel, stream_smem_bytes(ahead), items); };
             /* the backward streamed per output tile (v55): items are d_h's tiles, loads `depth` rows ahead */
-            const auto split = [&](auto kernel, int depth) {
-                return persistent(kernel, split_stream_smem_bytes(depth), tiles);
+            const auto split = [&](auto kernel, int depth, bool scaled) {
+                return persistent(kernel, split_stream_smem_bytes(depth, scaled), tiles);
             };
             const auto tiled = [&](auto kernel) { return [=](const swiglu_tile_args& a2) { kernel<<<tiles, kThreads>>>(t, a2); }; };
             std::vector<V> vs;
@@ -106,10 +106,12 @@ int main(int argc, char** argv) {
                       {"fwd scaled a1 2c", true, stream(swiglu_quantize_stream_kernel<true, true, true, 1, 2>, 1)}};
             } else {
                 vs = {{"bwd min2", false, tiled(swiglu_quantize_bf16_kernel<true, true, true, 2>)},
-                      {"bwd split d6 2cta", false, split(swiglu_backward_split_stream_kernel<true, true, 2, 6>, 6)},
-                      {"bwd split d4 2cta", false, split(swiglu_backward_split_stream_kernel<true, true, 2, 4>, 4)},
-                      {"bwd split d8 1cta", false, split(swiglu_backward_split_stream_kernel<true, true, 1, 8>, 8)},
-                      {"bwd scaled min2", true, tiled(swiglu_quantize_bf16_kernel<true, true, true, 2, true>)}};
+                      {"bwd split d6 2cta", false, split(swiglu_backward_split_stream_kernel<true, true, 2, 6>, 6, false)},
+                      {"bwd split d4 2cta", false, split(swiglu_backward_split_stream_kernel<true, true, 2, 4>, 4, false)},
+                      {"bwd split d8 1cta", false, split(swiglu_backward_split_stream_kernel<true, true, 1, 8>, 8, false)},
+                      {"bwd scaled min2", true, tiled(swiglu_quantize_bf16_kernel<true, true, true, 2, true>)},
+                      {"bwd scaled split4", true,
+                       split(swiglu_backward_split_stream_kernel<true, true, 2, 4, true>, 4, true)}};
             }
             std::vector<uint8_t> ref[2][5];
             for (const V& v : vs) {

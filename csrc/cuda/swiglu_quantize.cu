@@ -46,8 +46,8 @@ int launch_persistent(const mok_qtile::tile_args& t, const mok_qtile::swiglu_til
     return 0;
 }
 
-/* The streamed kernels: the forward's (items: tiles of [R, I]) and the plain backward's, split per output
- * tile (items: tiles of d_h [R, 2I]). The row-scaled backward has no streamed form (v55: removed, slower). */
+/* The streamed kernels: the forward's (items: tiles of [R, I]) and the backward's, split per output tile
+ * (items: tiles of d_h [R, 2I]; the row-scaled one's ring carries the row scales too, v56). */
 template <bool kBackward, bool kRows, bool kCols, bool kScaled>
 int launch_stream(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_args& sw, cudaStream_t stream) {
     using namespace mok_qtile;
@@ -56,19 +56,18 @@ int launch_stream(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_ar
         return launch_persistent<kernel>(t, sw, tile_count(sw.R, sw.I), kForwardCtas, stream_smem_bytes(kForwardAhead),
                                          stream);
     } else {
-        static_assert(!kScaled, "the row-scaled backward runs per tile");
-        constexpr auto kernel = swiglu_backward_split_stream_kernel<kRows, kCols, kBackwardCtas, kBackwardDepth>;
+        constexpr auto kernel =
+            swiglu_backward_split_stream_kernel<kRows, kCols, kBackwardCtas, kBackwardDepth, kScaled>;
         return launch_persistent<kernel>(t, sw, tile_count(sw.R, 2 * sw.I), kBackwardCtas,
-                                         split_stream_smem_bytes(kBackwardDepth), stream);
+                                         split_stream_smem_bytes(kBackwardDepth, kScaled), stream);
     }
 }
 
-/* Which kernel, per direction (v54, v55: measured in benchmarks/swiglu_quant_timing.cu and the layer):
- * streamed, except the row-scaled backward, which has only the per-tile kernel. MOK_SWIGLU_STREAM=0 / 1
+/* Which kernel, per direction (v54-v56: measured in benchmarks/swiglu_quant_timing.cu and the layer):
+ * streamed. MOK_SWIGLU_STREAM=0 / 1
  * forces the per-tile / streamed kernels both ways, =fwd / =bwd streams that direction only (read on every
  * call, so that one process can compare). */
-static inline bool use_stream(bool backward, bool scaled) {
-    if (backward && scaled) return false;
+static inline bool use_stream(bool backward) {
     const char* env = getenv("MOK_SWIGLU_STREAM");
     if (env != NULL && *env != 0) {
         if (strcmp(env, "0") == 0) return false;
@@ -82,19 +81,15 @@ static inline bool use_stream(bool backward, bool scaled) {
 template <bool kBackward, bool kScaled>
 int launch(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_args& sw, bool rows, bool cols,
            cudaStream_t stream) {
-    if (!use_stream(kBackward, kScaled)) {
+    if (!use_stream(kBackward)) {
         if (rows && cols) launch_tiles<kBackward, true, true, kScaled>(t, sw, stream);
         else if (rows) launch_tiles<kBackward, true, false, kScaled>(t, sw, stream);
         else launch_tiles<kBackward, false, true, kScaled>(t, sw, stream);
         return 0;
     }
-    if constexpr (kBackward && kScaled) {
-        return (int)cudaErrorInvalidValue; /* not reached: use_stream() says per tile */
-    } else {
-        if (rows && cols) return launch_stream<kBackward, true, true, kScaled>(t, sw, stream);
-        if (rows) return launch_stream<kBackward, true, false, kScaled>(t, sw, stream);
-        return launch_stream<kBackward, false, true, kScaled>(t, sw, stream);
-    }
+    if (rows && cols) return launch_stream<kBackward, true, true, kScaled>(t, sw, stream);
+    if (rows) return launch_stream<kBackward, true, false, kScaled>(t, sw, stream);
+    return launch_stream<kBackward, false, true, kScaled>(t, sw, stream);
 }
 
 }  // namespace

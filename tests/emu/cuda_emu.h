@@ -250,8 +250,9 @@ inline float __fdividef(float a, float b) { return a / b; }
  * buffer starts with) and shows up as wrong output. */
 namespace emu {
 struct AsyncCopy {
-    uint4* dst;
+    void* dst;
     uint4 data;
+    size_t bytes; /* 16, or 4 (a scale) */
 };
 struct AsyncQueue {
     std::vector<std::vector<AsyncCopy>> groups; /* committed, oldest first */
@@ -274,7 +275,12 @@ inline uint4* stream_fifo() {
 inline void stream_copy16(uint4* slot, const void* src, bool live) {
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (live) memcpy(&v, src, 16);
-    emu::async_queues()[threadIdx.x].open.push_back({slot, v});
+    emu::async_queues()[threadIdx.x].open.push_back({slot, v, 16});
+}
+inline void stream_copy4(float* slot, const float* src, bool live) {
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (live) memcpy(&v, src, 4);
+    emu::async_queues()[threadIdx.x].open.push_back({slot, v, 4});
 }
 inline void stream_commit() {
     emu::AsyncQueue& q = emu::async_queues()[threadIdx.x];
@@ -285,10 +291,11 @@ template <int kPending>
 inline void stream_wait() {
     emu::AsyncQueue& q = emu::async_queues()[threadIdx.x];
     while ((int)q.groups.size() > kPending) {
-        for (const emu::AsyncCopy& c : q.groups.front()) *c.dst = c.data;
+        for (const emu::AsyncCopy& c : q.groups.front()) memcpy(c.dst, &c.data, c.bytes);
         q.groups.erase(q.groups.begin());
     }
 }
 inline uint4 stream_read(const uint4* slot) { return *slot; }
+inline float stream_read_f32(const float* slot) { return *slot; }
 
 #endif /* MOK_TESTS_CUDA_EMU_H */

@@ -259,9 +259,9 @@ void run_gather_case(Rng& rng, Recipe r, int64_t T, int64_t K, int64_t M, int64_
  * increasing j, then the butterfly over the 16 pieces: at each step a piece adds its partner's sum to its
  * own), NaN against NaN. */
 /* One SwiGLU kernel: stream 0 the per-tile kernel (one CTA per tile); for the forward 1 and 2 the streamed
- * one with its loads that many items ahead (on a grid of `grid` CTAs); for the plain backward 3, 4 and 5
- * the one streamed per output tile (swiglu_backward_split_stream_kernel, the library's since v55 at 4 rows)
- * with its ring 6, 8 and 3 rows deep. */
+ * one with its loads that many items ahead (on a grid of `grid` CTAs); for the backward (plain or row-scaled)
+ * 3, 4, 5 and 6 the one streamed per output tile (swiglu_backward_split_stream_kernel, the library's since
+ * v55, row-scaled v56) with its ring 6, 8, 3 and 4 (the library's) rows deep. */
 template <bool kBackward, bool kRows, bool kCols, bool kScaled>
 void swiglu_kernel(int stream, const mok_qtile::tile_args& a, const mok_qtile::swiglu_tile_args& sw) {
     using namespace mok_qtile;
@@ -271,13 +271,12 @@ void swiglu_kernel(int stream, const mok_qtile::tile_args& a, const mok_qtile::s
         if (stream == 1) swiglu_quantize_stream_kernel<kRows, kCols, kScaled, 1, 2>(a, sw);
         else if (stream == 2) swiglu_quantize_stream_kernel<kRows, kCols, kScaled, 2, 1>(a, sw);
         else abort(); /* streams 3-5: the backward's */
-    } else if constexpr (!kScaled) {
-        if (stream == 3) swiglu_backward_split_stream_kernel<kRows, kCols, 2, 6>(a, sw);
-        else if (stream == 4) swiglu_backward_split_stream_kernel<kRows, kCols, 1, 8>(a, sw);
-        else if (stream == 5) swiglu_backward_split_stream_kernel<kRows, kCols, 2, 3>(a, sw);
-        else abort(); /* streams 1-2: the forward's */
     } else {
-        abort(); /* the row-scaled backward is per tile only */
+        if (stream == 3) swiglu_backward_split_stream_kernel<kRows, kCols, 2, 6, kScaled>(a, sw);
+        else if (stream == 4) swiglu_backward_split_stream_kernel<kRows, kCols, 1, 8, kScaled>(a, sw);
+        else if (stream == 5) swiglu_backward_split_stream_kernel<kRows, kCols, 2, 3, kScaled>(a, sw);
+        else if (stream == 6) swiglu_backward_split_stream_kernel<kRows, kCols, 2, 4, kScaled>(a, sw);
+        else abort(); /* streams 1-2: the forward's */
     }
 }
 
@@ -487,15 +486,19 @@ int main(int argc, char** argv) {
                     run_swiglu_case(rng, false, true, true, R % 2 == 0, R, I, true, R % 2 == 0, true, stream, grid);
                     run_swiglu_case(rng, false, false, true, true, R, I, false, true, true, stream, grid);
                 }
-    /* the backward streamed per output tile (v55), rings of 6, 8 and 3 rows: grids of 1-5 CTAs (d_gate and
-     * d_up items mixed in one CTA), ragged R, every copy combination, the one node's layouts */
-    for (int stream : {3, 4, 5})
+    /* the backward streamed per output tile (v55), rings of 6, 8, 3 and 4 rows: grids of 1-5 CTAs (d_gate and
+     * d_up items mixed in one CTA), ragged R, every copy combination, the one node's layouts; its row-scaled
+     * form (v56: the row scales through the ring, the d_gate items' partial sums) */
+    for (int stream : {3, 4, 5, 6})
         for (unsigned grid : {1u, 2u, 3u, 5u})
             for (int64_t R : {1, 130, 1 + rng.below(300)})
                 for (int64_t I : {128, 384}) {
                     for (const auto& f : flags)
                         run_swiglu_case(rng, true, f[0], f[1], f[2], R, I, false, false, false, stream, grid);
                     run_swiglu_case(rng, true, true, true, false, R, I, true, true, false, stream, grid);
+                    run_swiglu_case(rng, true, true, true, R % 2 == 0, R, I, true, R % 2 == 0, true, stream, grid);
+                    run_swiglu_case(rng, true, stream % 2 == 0, true, stream % 2 != 0, R, I, false, false, true, stream,
+                                    grid);
                 }
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

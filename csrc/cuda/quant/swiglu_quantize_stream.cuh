@@ -13,12 +13,12 @@
  * Measured (v54, H100, benchmarks/swiglu_quant_timing.cu): the forward at one CTA an SM, one item ahead,
  * 0.87-0.95 of the copy bandwidth against 0.67-0.73 per tile (at two CTAs an SM it spills and gains
  * nothing): the library's forward. The backward (swiglu_backward_split_stream_kernel below, v55) streams
- * per output tile at two CTAs an SM, 0.63-0.78 of copy against 0.55-0.64 per tile. A first backward form
- * of the forward kernel, reading g, u and d_act once and making both halves of d_h per item (6 bytes read
- * per (r, j) instead of 10), ran at 0.40-0.48 (v54): one CTA of 8 warps could not issue two tiles' gradient
- * and quantisation per item fast enough, and the bytes it saved were mostly the L2's (the per-tile grid
- * re-reads g and d_act within about a wave). It was removed in v55 (git history has it), as was the
- * row-scaled backward's streamed form (0.29-0.35 of copy); the row-scaled backward runs per tile.
+ * per output tile at two CTAs an SM, 0.63-0.78 of copy against 0.55-0.64 per tile (its row-scaled form: v56).
+ * A first backward form of the forward kernel, reading g, u and d_act once and making both halves of d_h
+ * per item (6 bytes read per (r, j) instead of 10), ran at 0.40-0.48 (v54): one CTA of 8 warps could not
+ * issue two tiles' gradient and quantisation per item fast enough, and the bytes it saved were mostly the
+ * L2's (the per-tile grid re-reads g and d_act within about a wave). It was removed in v55 (git history has it), as was its
+ * row-scaled form (0.29-0.35 of copy); the row-scaled backward is now the split kernel's (v56).
  *
  * Work item of the forward: one 128 x 128 tile of [R, I] (tile (tm, tn), row-major, item += gridDim.x),
  * reading g and u and writing act's tile.
@@ -52,6 +52,7 @@ static inline size_t stream_smem_bytes(int ahead) { return (size_t)ahead * 8 * 2
 struct item_rows {
     const __nv_bfloat16* g;  /* h + r0 * 2I + c: the block's first g row (u is I further) */
     const __nv_bfloat16* da; /* d_act + r0 * I + c (backward) */
+    const float* s;          /* row_scale + r0 (the row-scaled backward) */
     int rows;
 };
 
@@ -60,6 +61,7 @@ __device__ __forceinline__ item_rows item_rows_of(const swiglu_tile_args& sw, in
     item_rows r;
     r.g = sw.h;
     r.da = sw.d_act;
+    r.s = nullptr;
     r.rows = -1;
     if (item >= items) return r;
     const int tm = item / nbn, tn = item - tm * nbn;
@@ -69,6 +71,7 @@ __device__ __forceinline__ item_rows item_rows_of(const swiglu_tile_args& sw, in
     r.rows = r.rows < 0 ? 0 : r.rows;
     r.g = sw.h + r0 * 2 * sw.I + c;
     if (kBackward) r.da = sw.d_act + r0 * sw.I + c;
+    if (kBackward) r.s = sw.row_scale + r0;
     return r;
 }
 
@@ -146,10 +149,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_quantize_stream_k
     stream_wait<0>(); /* nothing in flight when the CTA exits (only empty groups are left by now) */
 }
 
-/* The library's plain backward (v55): streamed per output tile, as the per-tile kernel divides it (a d_gate
- * tile reads g, u and d_act, a d_up tile g and d_act), at two CTAs an SM (121-126 registers, 16 warps an SM as
- * the per-tile kernel has) with each thread's loads kDepth rows ahead by cp.async. Why: the pair form above
- * (both halves per item, one CTA an SM) issued too slowly; this keeps the per-tile kernel's instructions and
+/* The library's backward (v55; its row-scaled form v56): streamed per output tile, as the per-tile kernel divides
+ * it (a d_gate tile reads g, u and d_act, a d_up tile g and d_act), at two CTAs an SM (121-126 registers, 16 warps
+ * an SM as the per-tile kernel has) with each thread's loads kDepth rows ahead by cp.async. Why: the pair form
+ * (both halves per item, one CTA an SM, v54) issued too slowly; this keeps the per-tile kernel's instructions and
  * warps and adds only the loads ahead. Measured (v55, H100, benchmarks/swiglu_quant_timing.cu): 0.73 / 0.63 /
  * 0.78 of copy at a 4-row ring on Qwen3 / Mixtral / DeepSeek-V3 against 0.62 / 0.55 / 0.64 per tile (6 rows
  * alike; 8 rows fit one CTA an SM only: 0.59-0.62). So the per-tile kernel was not issue-bound: its warps
@@ -159,16 +162,24 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_quantize_stream_k
  * u slot unused), and once used its slot is refilled with row q + kDepth (this item's or the next's), so
  * kDepth groups are in flight at every row's start. Why a ring and not a whole item ahead: 8 rows of three
  * inputs are 96 KiB a CTA, and two such CTAs with their 22.5 KiB of quantiser scratch do not fit an SM.
- * Same outputs as swiglu_quantize_bf16_kernel<true, kRows, kCols, ., false>. */
-static inline size_t split_stream_smem_bytes(int depth) { return (size_t)depth * 3 * kThreads * 16; }
+ * kScaled (swiglu_quantize_tile.cuh's row-scaled backward, v53's form): the row's scale s[r] rides in the row's
+ * group (a 4-byte copy into a float ring after the 16-byte slots; why not registers: v53's per-tile kernel
+ * spilled holding 8 of them), and a d_gate item's thread of piece p writes row r0 + p's partial sum of
+ * d_z . act over the tile's 128 columns (each row's 8 columns, then the half-warp's butterfly, as swiglu_block).
+ * Same outputs as swiglu_quantize_bf16_kernel<true, kRows, kCols, ., kScaled>. */
+static inline size_t split_stream_smem_bytes(int depth, bool scaled = false) {
+    return (size_t)depth * 3 * kThreads * 16 + (scaled ? (size_t)depth * kThreads * 4 : 0);
+}
 
-template <bool kRows, bool kCols, int kMinBlocks, int kDepth>
+template <bool kRows, bool kCols, int kMinBlocks, int kDepth, bool kScaled = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_backward_split_stream_kernel(const tile_args a,
                                                                                              const swiglu_tile_args sw) {
     static_assert(kDepth >= 1 && kDepth <= 8, "the ring holds at most one item's rows");
     enum { kIn = 3 };
     __shared__ rowcol_smem<128> s;
     uint4* const ring = stream_fifo() + threadIdx.x;
+    /* kScaled: slot sl's row scale at scales[sl * kThreads] */
+    float* const scales = reinterpret_cast<float*>(stream_fifo() + kDepth * kIn * kThreads) + threadIdx.x;
     const int nbn = (int)(sw.I / kTile), nbo = 2 * nbn; /* tiles along I and along d_h's columns */
     const int in_items = (int)((sw.R + kTile - 1) / kTile) * nbn; /* tiles of [R, I] */
     const int items = 2 * in_items, step = (int)gridDim.x;
@@ -178,21 +189,23 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_backward_split_st
         up = to >= nbn;
         return item_rows_of<true>(sw, nbn, in_items, item >= items ? in_items : tm * nbn + (up ? to - nbn : to));
     };
-    /* row i's loads into its slots and one commit (a d_up item's u is not loaded) */
-    const auto issue = [&](const item_rows& r, bool up, int i, uint4* row) {
+    /* row i's loads into slot sl and one commit (a d_up item's u is not loaded) */
+    const auto issue = [&](const item_rows& r, bool up, int i, int sl) {
+        uint4* const row = ring + sl * kIn * kThreads;
         if (r.rows >= 0) {
             const bool live = i < r.rows;
             const __nv_bfloat16* g = live ? r.g + i * 2 * sw.I : sw.h;
             stream_copy16(row, g, live);
             if (!up) stream_copy16(row + kThreads, live ? g + sw.I : sw.h, live);
             stream_copy16(row + 2 * kThreads, live ? r.da + i * sw.I : sw.h, live);
+            if (kScaled) stream_copy4(scales + sl * kThreads, live ? r.s + i : sw.row_scale, live);
         }
         stream_commit();
     };
     bool up;
     item_rows cur = rows_of((int)blockIdx.x, up);
 #pragma unroll 1
-    for (int i = 0; i < kDepth; ++i) issue(cur, up, i, ring + i * kIn * kThreads);
+    for (int i = 0; i < kDepth; ++i) issue(cur, up, i, i);
     int slot0 = 0; /* the ring slot of the item's row 0 */
 #pragma unroll 1
     for (int item = (int)blockIdx.x; item < items; item += step) {
@@ -201,6 +214,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_backward_split_st
         bool next_up;
         const item_rows next = rows_of(item + step, next_up);
         uint32_t w[8][4];
+        float mine = 0.f; /* kScaled d_gate: row r0 + t.p's partial sum */
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             stream_wait<kDepth - 1>(); /* row i's group is the oldest of the kDepth in flight */
@@ -209,11 +223,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_backward_split_st
             uint4* const row = ring + sl * kIn * kThreads;
             const uint4 gq = stream_read(row), dq = stream_read(row + 2 * kThreads);
             const uint4 uq = up ? make_uint4(0u, 0u, 0u, 0u) : stream_read(row + kThreads); /* d_up: u unused */
-            swiglu_row_words<true>(gq, uq, dq, up, w[i]);
+            const float si = kScaled ? stream_read_f32(scales + sl * kThreads) : 1.f;
+            const float dot = swiglu_row_words<true, kScaled>(gq, uq, dq, up, w[i], si);
+            if (kScaled && !up) { /* up is the CTA's: every lane runs the shuffles */
+                const float sum = row_band_sum(dot);
+                if (t.p == i) mine = sum;
+            }
             /* NOTE: after the packs above, which depend on the row's slot loads; row q + kDepth */
-            if (i + kDepth < 8) issue(cur, up, i + kDepth, row);
-            else issue(next, next_up, i + kDepth - 8, row);
+            if (i + kDepth < 8) issue(cur, up, i + kDepth, sl);
+            else issue(next, next_up, i + kDepth - 8, sl);
         }
+        if (kScaled && !up && t.p < t.rows) sw.d_s_part[(int64_t)to * sw.R + t.r0 + t.p] = mine;
         slot0 = (slot0 + 8) % kDepth;
         cur = next;
         up = next_up;

@@ -24,6 +24,7 @@
  * also writes d_s_part[tn * R + r] = sum over its 128 columns of d_z[r, j] * act[r, j] (act rounded
  * to bf16 as the forward stored it): the router-weight gradient's partial sums, which the caller adds
  * over tn in a fixed order. Within a tile the sum is fixed-shape (swiglu_block): bitwise reproducible.
+ * The streamed backward (swiglu_quantize_stream.cuh) makes the same partial sums, bit for bit.
  */
 #ifndef MOK_CUDA_QUANT_SWIGLU_QUANTIZE_TILE_CUH
 #define MOK_CUDA_QUANT_SWIGLU_QUANTIZE_TILE_CUH
@@ -64,12 +65,15 @@ __device__ __forceinline__ float bf16_rounded(float v) {
 /* One block row's 8 values as 4 packed bf16 words (load_block's layout), from its g, u and d_act words:
  * act (!kGrad; d_act unused) or, for the gradient, d_up (up) or d_gate (u unused for d_up). The streamed
  * kernels' row; swiglu_block below interleaves the row-scaled sums with the same arithmetic.
+ * kScaled (the gradient's row-scaled form): the incoming words are d_z and the gradient is SwiGLU's for
+ * d_act = si * d_z; a d_gate row also returns its 8 columns' sum of d_z * bf16(act) in increasing j (0 else).
  * NOTE: each half of mok_swiglu_grad is its own expression, so computing one of them gives the same bits. */
-template <bool kGrad>
-__device__ __forceinline__ void swiglu_row_words(const uint4& gq, const uint4& uq, const uint4& dq, bool up,
-                                                 uint32_t (&out)[4]) {
+template <bool kGrad, bool kScaled = false>
+__device__ __forceinline__ float swiglu_row_words(const uint4& gq, const uint4& uq, const uint4& dq, bool up,
+                                                  uint32_t (&out)[4], float si = 1.f) {
     const uint32_t gw[4] = {gq.x, gq.y, gq.z, gq.w}, uw[4] = {uq.x, uq.y, uq.z, uq.w};
     const uint32_t dw[4] = {dq.x, dq.y, dq.z, dq.w};
+    float dot = 0.f;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
         float v[2];
@@ -79,13 +83,16 @@ __device__ __forceinline__ void swiglu_row_words(const uint4& gq, const uint4& u
             if (!kGrad) {
                 v[h] = mok_swiglu(gv, uv);
             } else {
+                const float dv = h ? hi_f(dw[k]) : lo_f(dw[k]);
+                if (kScaled && !up) dot = mok_add(dot, mok_mul(dv, bf16_rounded(mok_swiglu(gv, uv))));
                 float d_gate, d_up;
-                mok_swiglu_grad(gv, uv, h ? hi_f(dw[k]) : lo_f(dw[k]), d_gate, d_up);
+                mok_swiglu_grad(gv, uv, kScaled ? mok_mul(si, dv) : dv, d_gate, d_up);
                 v[h] = up ? d_up : d_gate;
             }
         }
         out[k] = pack_bf16x2(v[0], v[1]);
     }
+    return dot;
 }
 
 /* The tile's 128 row scales (0 past R) into shared memory, one per thread of the first 128, then a
