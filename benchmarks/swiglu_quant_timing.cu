@@ -103,7 +103,8 @@ int main(int argc, char** argv) {
                       {"fwd ahead1 1cta", false, stream(swiglu_quantize_stream_kernel<true, true, false, 1, 1>, 1)},
                       {"fwd ahead2 1cta", false, stream(swiglu_quantize_stream_kernel<true, true, false, 2, 1>, 2)},
                       {"fwd scaled min2", true, tiled(swiglu_quantize_bf16_kernel<false, true, true, 2, true>)},
-                      {"fwd scaled a1 2c", true, stream(swiglu_quantize_stream_kernel<true, true, true, 1, 2>, 1)}};
+                      {"fwd scaled a1 2c", true, stream(swiglu_quantize_stream_kernel<true, true, true, 1, 2>, 1)},
+                      {"fwd scaled a1 1c", true, stream(swiglu_quantize_stream_kernel<true, true, true, 1, 1>, 1)}};
             } else {
                 vs = {{"bwd min2", false, tiled(swiglu_quantize_bf16_kernel<true, true, true, 2>)},
                       {"bwd split d6 2cta", false, split(swiglu_backward_split_stream_kernel<true, true, 2, 6>, 6, false)},

@@ -63,8 +63,8 @@ __device__ __forceinline__ float bf16_rounded(float v) {
 }
 
 /* One block row's 8 values as 4 packed bf16 words (load_block's layout), from its g, u and d_act words:
- * act (!kGrad; d_act unused) or, for the gradient, d_up (up) or d_gate (u unused for d_up). The streamed
- * kernels' row; swiglu_block below interleaves the row-scaled sums with the same arithmetic.
+ * act (!kGrad; d_act unused) or, for the gradient, d_up (up) or d_gate (u unused for d_up): every SwiGLU
+ * kernel's row (swiglu_block below, the streamed kernels).
  * kScaled (the gradient's row-scaled form): the incoming words are d_z and the gradient is SwiGLU's for
  * d_act = si * d_z; a d_gate row also returns its 8 columns' sum of d_z * bf16(act) in increasing j (0 else).
  * NOTE: each half of mok_swiglu_grad is its own expression, so computing one of them gives the same bits. */
@@ -152,31 +152,10 @@ __device__ __forceinline__ float swiglu_block(const swiglu_tile_args& s, const t
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
             const int i = b0 + b;
-            float dot = 0.f;
-            const float si = kScaled ? sc[i] : 1.f;
-            const uint32_t gw[4] = {g[b].x, g[b].y, g[b].z, g[b].w}, uw[4] = {u[b].x, u[b].y, u[b].z, u[b].w};
-            const uint32_t dw[4] = {da[b].x, da[b].y, da[b].z, da[b].w};
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                float v[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const float gv = h ? hi_f(gw[k]) : lo_f(gw[k]), uv = h ? hi_f(uw[k]) : lo_f(uw[k]);
-                    const float dv = h ? hi_f(dw[k]) : lo_f(dw[k]);
-                    if (kPart == kAct) {
-                        v[h] = mok_swiglu(gv, uv);
-                    } else {
-                        if (kScaled && kPart == kGate) /* j increasing: column 2k + h of the block */
-                            dot = mok_add(dot, mok_mul(dv, bf16_rounded(mok_swiglu(gv, uv))));
-                        /* NOTE: the stand-alone kernel's mok_swiglu_grad computes both halves; each is
-                         * its own expression, so computing one of them gives the same bits. */
-                        float d_gate, d_up;
-                        mok_swiglu_grad(gv, uv, kScaled ? mok_mul(si, dv) : dv, d_gate, d_up);
-                        v[h] = kPart == kGate ? d_gate : d_up;
-                    }
-                }
-                w[i][k] = pack_bf16x2(v[0], v[1]);
-            }
+            /* kScaled forward: the row's scale is applied to z after the row-wise copy (quantize_act_and_z) */
+            enum { kGrad = kPart != kAct, kScaledGrad = kScaled && kPart != kAct };
+            float dot = swiglu_row_words<kGrad, kScaledGrad>(g[b], u[b], da[b], kPart == kUp, w[i],
+                                                             kScaledGrad ? sc[i] : 1.f);
             if (kScaled && kPart == kGate) {
                 dot = row_band_sum(dot);
                 if (t.p == i) mine = dot;
