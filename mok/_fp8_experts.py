@@ -123,9 +123,10 @@ FUSED_MLP_COMBINE = True
 # copy (made by the forward's SwiGLU kernel), and the SwiGLU-backward kernel takes d_act = s * d_z and
 # sums d_s[r] = d_z[r] . act[r]: no combine_weight_grad pass over rows [R, H], and rows is not held from
 # the forward to the backward. False (default): d_w = combine_weight_grad(dy, rows), d_rows weighted (the
-# three nodes' bits). Opt-in because measured (performance log v53, H100): the scaled SwiGLU-backward
-# kernel costs about what combine_weight_grad did (+0.18 / +0.32 / +0.18 ms against 0.20 / - / 0.34 ms on
-# Qwen3 / Mixtral / DeepSeek-V3), while it lowers Qwen3's peak memory by 0.24 GiB (12%).
+# three nodes' bits). Opt-in because measured (performance log v53, v56, H100): the scaled SwiGLU kernels
+# cost about what combine_weight_grad did; with the backward streamed (v56: +0.10 / +0.11 / +0.04 ms over the
+# plain kernel on Qwen3 / Mixtral / DeepSeek-V3) the step is equal on Qwen3 and DeepSeek-V3 and 1.8% slower on
+# Mixtral, while Qwen3's peak memory is 0.24 GiB (12%) lower.
 ROUTER_GRAD_IN_SWIGLU = False
 
 
