@@ -64,9 +64,8 @@ int launch_stream(const mok_qtile::tile_args& t, const mok_qtile::swiglu_tile_ar
 }
 
 /* Which kernel, per direction (v54-v56: measured in benchmarks/swiglu_quant_timing.cu and the layer):
- * streamed. MOK_SWIGLU_STREAM=0 / 1
- * forces the per-tile / streamed kernels both ways, =fwd / =bwd streams that direction only (read on every
- * call, so that one process can compare). */
+ * streamed both ways. MOK_SWIGLU_STREAM=0 / 1 forces the per-tile / streamed kernels both ways, =fwd / =bwd
+ * streams that direction only (read on every call, so that one process can compare). */
 static inline bool use_stream(bool backward) {
     const char* env = getenv("MOK_SWIGLU_STREAM");
     if (env != NULL && *env != 0) {
