@@ -194,6 +194,20 @@ def step_fns(fn: Callable, inputs, dy):
     return fwd, fwd_bwd
 
 
+def layer_steps(dev, shapes: List[str], routing: str, impls: List[str], quick: bool = False):
+    """(cfg, impl, step) per shape and impl, for the scripts that look inside a step (trace_moe_layer.py,
+    host_pace.py): step() is one fwd+bwd as this bench times it (step_fns: autograd.grad for x, topk_w and
+    both weights, an impl's environment switches set). quick: the first tiny shape instead of `shapes`. Each
+    shape's inputs are freed once its impls are done."""
+    table = impl_table(dev)
+    for cfg in get_configs(list(QUICK_SHAPES)[:1] if quick else shapes, [routing], quick):
+        inputs, dy = make_inputs(cfg, dev)
+        for impl in impls:
+            yield cfg, impl, step_fns(table[impl], inputs, dy)[1]
+        inputs = dy = None
+        common.free_memory(dev)
+
+
 def measure(cfg: Config, name: str, fn: Callable, inputs, dy, args, ref: Optional[Dict]) -> Dict:
     """Times one implementation; returns the Result fields (no ratios yet) and its outputs."""
     x, idx, w, gate_up, down = inputs

@@ -55,26 +55,15 @@ def main(argv=None):
         p.error("--steps: expected at least 1")
     dev = common.pick_device(args.device)
     common.print_environment(common.environment(dev))
-    table = bench_moe_layer.impl_table(dev)
-    unknown = [n for n in args.impls.split(",") if n not in table]
+    impls = args.impls.split(",")
+    unknown = [n for n in impls if n not in bench_moe_layer.IMPLS or n == "compiled"]
     if unknown:
-        p.error(f"--impls: unknown {', '.join(unknown)} (known: {', '.join(table)})")
-    shapes = list(bench_moe_layer.QUICK_SHAPES)[:1] if args.quick else args.shapes.split(",")
+        p.error(f"--impls: unknown {', '.join(unknown)} (known: {', '.join(bench_moe_layer.IMPLS)}, not compiled)")
     rows = []
-    for cfg in bench_moe_layer.get_configs(shapes, [args.routing], args.quick):
-        inputs, dy = bench_moe_layer.make_inputs(cfg, dev)
-        x, idx, w, gate_up, down = inputs
-        for impl in args.impls.split(","):
-            fn = table[impl]
-
-            def step():
-                return torch.autograd.grad(fn(x, idx, w, gate_up, down), [x, w, gate_up, down], dy)
-
-            host_ms, device_ms = pace(step, dev, args.steps)
-            rows.append(dict(shape=cfg.shape, impl=impl, host=host_ms, device=device_ms, ratio=host_ms / device_ms))
-            print(f"   {cfg.shape} {impl}: host {host_ms:.3f} ms/step, device {device_ms:.3f} ms/step", flush=True)
-        inputs = dy = x = idx = w = gate_up = down = None
-        common.free_memory(dev)
+    for cfg, impl, step in bench_moe_layer.layer_steps(dev, args.shapes.split(","), args.routing, impls, args.quick):
+        host_ms, device_ms = pace(step, dev, args.steps)
+        rows.append(dict(shape=cfg.shape, impl=impl, host=host_ms, device=device_ms, ratio=host_ms / device_ms))
+        print(f"   {cfg.shape} {impl}: host {host_ms:.3f} ms/step, device {device_ms:.3f} ms/step", flush=True)
     print(common.format_table(rows, [("shape", "shape", ""), ("impl", "impl", ""), ("host", "host ms/step", ".3f"),
                                      ("device", "device ms/step", ".3f"), ("ratio", "host / device", ".2f")]))
 

@@ -117,29 +117,17 @@ def main(argv=None):
     args = p.parse_args(argv)
     dev = common.pick_device(args.device)
     common.print_environment(common.environment(dev))
-    table = bench_moe_layer.impl_table(dev)
-    shapes = list(bench_moe_layer.QUICK_SHAPES)[:1] if args.quick else args.shapes.split(",")
-    for cfg in bench_moe_layer.get_configs(shapes, [args.routing], args.quick):
-        inputs, dy = bench_moe_layer.make_inputs(cfg, dev)
-        x, idx, w, gate_up, down = inputs
-        for impl in args.impls.split(","):
-            fn = table[impl]
-
-            def step():
-                return torch.autograd.grad(fn(x, idx, w, gate_up, down), [x, w, gate_up, down], dy)
-
-            for _ in range(3):
-                step()
-            print(f"\n== {cfg.shape} {cfg.routing} {impl}{' (steps queued)' if args.queued else ''}", flush=True)
-            per_kernel, busy_ms, span_ms = trace(step, args.steps, dev, args.queued, args.gaps)
-            print(f"   span {span_ms:.3f} ms per step, kernels {busy_ms:.3f} ms, "
-                  f"GPU idle {'per step' if args.queued else 'inside the step'} {span_ms - busy_ms:.3f} ms")
-            rows = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:args.top]
-            print(common.format_table([dict(kernel=n, ms=t, calls=c) for n, (t, c) in rows],
-                                      [("kernel", "kernel", ""), ("ms", "ms/step", ".3f"), ("calls", "calls", ".0f")]))
-        inputs = dy = x = idx = w = gate_up = down = None  # (not del: pyflakes reads step() as using deleted names)
-        common.free_memory(dev)
-
+    for cfg, impl, step in bench_moe_layer.layer_steps(dev, args.shapes.split(","), args.routing,
+                                                       args.impls.split(","), args.quick):
+        for _ in range(3):
+            step()
+        print(f"\n== {cfg.shape} {cfg.routing} {impl}{' (steps queued)' if args.queued else ''}", flush=True)
+        per_kernel, busy_ms, span_ms = trace(step, args.steps, dev, args.queued, args.gaps)
+        print(f"   span {span_ms:.3f} ms per step, kernels {busy_ms:.3f} ms, "
+              f"GPU idle {'per step' if args.queued else 'inside the step'} {span_ms - busy_ms:.3f} ms")
+        rows = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:args.top]
+        print(common.format_table([dict(kernel=n, ms=t, calls=c) for n, (t, c) in rows],
+                                  [("kernel", "kernel", ""), ("ms", "ms/step", ".3f"), ("calls", "calls", ".0f")]))
 
 if __name__ == "__main__":
     main()
