@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) swiglu_quantize_stream_k
  * spilled holding 8 of them), and a d_gate item's thread of piece p writes row r0 + p's partial sum of
  * d_z . act over the tile's 128 columns (each row's 8 columns, then the half-warp's butterfly, as swiglu_block).
  * 128 registers, no spills; measured (v56, H100): 0.61 / 0.59 / 0.74 of copy against the per-tile scaled
- * kernel's 0.51 / 0.45 / 0.56, and 8-21% slower than the plain form (its dot redoes act's forward).
+ * kernel's 0.51 / 0.45 / 0.56, and 7-21% slower than the plain form (its dot redoes act's forward).
  * Same outputs as swiglu_quantize_bf16_kernel<true, kRows, kCols, ., kScaled>. */
 static inline size_t split_stream_smem_bytes(int depth, bool scaled = false) {
     return (size_t)depth * 3 * kThreads * 16 + (scaled ? (size_t)depth * kThreads * 4 : 0);
