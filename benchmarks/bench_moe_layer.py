@@ -208,6 +208,25 @@ def layer_steps(dev, shapes: List[str], routing: str, impls: List[str], quick: b
         common.free_memory(dev)
 
 
+def add_step_args(p, default_impls: str):
+    """The options of the scripts built on layer_steps(): --shapes, --routing, --impls, --device, --quick."""
+    p.add_argument("--shapes", default="qwen3_30b_a3b", help=f"comma list from {', '.join(SHAPES)}")
+    p.add_argument("--routing", default="balanced", choices=ROUTINGS)
+    p.add_argument("--impls", default=default_impls,
+                   help=f"comma list from {', '.join(n for n in IMPLS if n != 'compiled')}")
+    p.add_argument("--device", default=None)
+    p.add_argument("--quick", action="store_true", help="tiny shapes, for a CPU smoke test")
+
+
+def steps_of_args(p, args, dev):
+    """layer_steps() for add_step_args()'s options; an impl not in IMPLS (or 'compiled') is the parser's error."""
+    impls = args.impls.split(",")
+    unknown = [n for n in impls if n not in IMPLS or n == "compiled"]
+    if unknown:
+        p.error(f"--impls: unknown {', '.join(unknown)} (known: {', '.join(IMPLS)}, not compiled)")
+    return layer_steps(dev, args.shapes.split(","), args.routing, impls, args.quick)
+
+
 def measure(cfg: Config, name: str, fn: Callable, inputs, dy, args, ref: Optional[Dict]) -> Dict:
     """Times one implementation; returns the Result fields (no ratios yet) and its outputs."""
     x, idx, w, gate_up, down = inputs

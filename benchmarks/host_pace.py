@@ -43,24 +43,16 @@ def pace(step, device, steps: int):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", default="qwen3_30b_a3b", help=f"comma list from {', '.join(bench_moe_layer.SHAPES)}")
-    p.add_argument("--routing", default="balanced", choices=bench_moe_layer.ROUTINGS)
-    p.add_argument("--impls", default="mok,mok_fp8_all_tiled",
-                   help=f"comma list from {', '.join(n for n in bench_moe_layer.IMPLS if n != 'compiled')}")
+    bench_moe_layer.add_step_args(p, "mok,mok_fp8_all_tiled")
     p.add_argument("--steps", type=int, default=20, help="queued fwd+bwd steps per measurement")
-    p.add_argument("--device", default=None)
-    p.add_argument("--quick", action="store_true", help="tiny shapes, for a CPU smoke test")
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps: expected at least 1")
     dev = common.pick_device(args.device)
     common.print_environment(common.environment(dev))
-    impls = args.impls.split(",")
-    unknown = [n for n in impls if n not in bench_moe_layer.IMPLS or n == "compiled"]
-    if unknown:
-        p.error(f"--impls: unknown {', '.join(unknown)} (known: {', '.join(bench_moe_layer.IMPLS)}, not compiled)")
+    steps = bench_moe_layer.steps_of_args(p, args, dev)
     rows = []
-    for cfg, impl, step in bench_moe_layer.layer_steps(dev, args.shapes.split(","), args.routing, impls, args.quick):
+    for cfg, impl, step in steps:
         host_ms, device_ms = pace(step, dev, args.steps)
         rows.append(dict(shape=cfg.shape, impl=impl, host=host_ms, device=device_ms, ratio=host_ms / device_ms))
         print(f"   {cfg.shape} {impl}: host {host_ms:.3f} ms/step, device {device_ms:.3f} ms/step", flush=True)

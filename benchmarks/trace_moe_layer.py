@@ -103,22 +103,16 @@ def trace(fn, steps: int, device, queued: bool = False, largest_gaps: int = 0):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", default="qwen3_30b_a3b", help=f"comma list from {', '.join(bench_moe_layer.SHAPES)}")
-    p.add_argument("--routing", default="balanced", choices=bench_moe_layer.ROUTINGS)
-    p.add_argument("--impls", default="mok,eager",
-                   help=f"comma list from {', '.join(n for n in bench_moe_layer.IMPLS if n != 'compiled')}")
+    bench_moe_layer.add_step_args(p, "mok,eager")
     p.add_argument("--steps", type=int, default=3, help="profiled fwd+bwd steps (after 3 untimed ones)")
     p.add_argument("--top", type=int, default=25, help="kernels listed per run")
     p.add_argument("--queued", action="store_true",
                    help="steps queued back to back (no sync between them), as bench_moe_layer.py times them")
     p.add_argument("--gaps", type=int, default=0, help="list this many of the largest gaps between kernels")
-    p.add_argument("--device", default=None)
-    p.add_argument("--quick", action="store_true", help="tiny shapes, for a CPU smoke test")
     args = p.parse_args(argv)
     dev = common.pick_device(args.device)
     common.print_environment(common.environment(dev))
-    for cfg, impl, step in bench_moe_layer.layer_steps(dev, args.shapes.split(","), args.routing,
-                                                       args.impls.split(","), args.quick):
+    for cfg, impl, step in bench_moe_layer.steps_of_args(p, args, dev):
         for _ in range(3):
             step()
         print(f"\n== {cfg.shape} {cfg.routing} {impl}{' (steps queued)' if args.queued else ''}", flush=True)
@@ -128,6 +122,7 @@ def main(argv=None):
         rows = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:args.top]
         print(common.format_table([dict(kernel=n, ms=t, calls=c) for n, (t, c) in rows],
                                   [("kernel", "kernel", ""), ("ms", "ms/step", ".3f"), ("calls", "calls", ".0f")]))
+
 
 if __name__ == "__main__":
     main()
