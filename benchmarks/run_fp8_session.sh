@@ -21,6 +21,9 @@
 # TRACE_IMPLS=a,b,... replaces the impls, TRACE_SHAPES=a,b,... the shape).
 # SWIGLU_WIDTHS=1 also times the fused SwiGLU GEMM1's tile widths in the standalone checker (128 x 128
 # against the opt-in 128 x 192, MOK_SM90_FP8_SWIGLU_BN=192; v32), interleaved.
+# SQ_AB=DIR also times the SwiGLU + quantisation harness built from this tree against the one in DIR (a copy
+# of an older tree, as for BF16_AB), interleaved, after benchmarks/swiglu_exp_check.cu where this tree has it
+# ($OUT/swiglu_quant_ab.txt; SQ_AB_PROBLEMS="R I ..." replaces the three shapes).
 # BF16_AB=DIR also times the BF16 kernel built from this tree against the one in DIR (a copy of an
 # older tree: `mkdir -p _ab/old && git archive HEAD csrc benchmarks | tar -x -C _ab/old`) on the
 # Mixtral, DeepSeek-V3 and Qwen3 GEMMs, interleaved ($OUT/bf16_timing_variants.txt).
@@ -45,6 +48,30 @@ if [ -n "${SQ_TIMING:-}" ]; then
     nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -o /tmp/mok_sqt benchmarks/swiglu_quant_timing.cu &&
         /tmp/mok_sqt > "$OUT/swiglu_quant_timing.txt" 2>&1
     echo "swiglu_quant_timing ($((SECONDS - T0)) s):"; cat "$OUT/swiglu_quant_timing.txt"
+fi
+
+if [ -n "${SQ_AB:-}" ]; then
+    # the SwiGLU + quantisation harness built from this tree and from the older one in $SQ_AB (a copy made with
+    # `git archive`, see BF16_AB), run in turn twice (old, new, old, new): one device's clocks for both
+    # ($OUT/swiglu_quant_ab.txt). With benchmarks/swiglu_exp_check.cu in this tree (v57's patch) its
+    # exhaustive check runs first.
+    if [ -f benchmarks/swiglu_exp_check.cu ]; then
+        nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -o /tmp/mok_sec \
+            benchmarks/swiglu_exp_check.cu && timeout 60 /tmp/mok_sec > "$OUT/swiglu_exp_check.txt" 2>&1
+        echo "swiglu_exp_check rc=$?:"; head -20 "$OUT/swiglu_exp_check.txt"
+    fi
+    nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I"$SQ_AB/csrc/cuda" -I"$SQ_AB/benchmarks" \
+        -o /tmp/mok_sqt_old "$SQ_AB/benchmarks/swiglu_quant_timing.cu" &
+    nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -Ibenchmarks -o /tmp/mok_sqt_new \
+        benchmarks/swiglu_quant_timing.cu &
+    wait
+    for round in 1 2; do
+        for which in old new; do
+            echo "== $which round $round"
+            timeout 100 "/tmp/mok_sqt_$which" ${SQ_AB_PROBLEMS:-}
+        done
+    done > "$OUT/swiglu_quant_ab.txt" 2>&1
+    echo "swiglu_quant A/B ($((SECONDS - T0)) s):"; grep -E "^==|^R=|bwd|fwd" "$OUT/swiglu_quant_ab.txt" | cut -c1-150
 fi
 
 if [ -n "${ROWCOL_TIMING:-}" ]; then
