@@ -1,7 +1,8 @@
 """The bf16 FP8 tile kernels (csrc/cuda/quant/quantize_bf16_tile.cuh and swiglu_quantize_tile.cuh) on
 the CPU: tests/emu/ runs them through a small CUDA emulation (coroutine threads, shuffles, barriers,
 shared memory) and compares every code and scale with the C core, for the row-wise kernels of the
-three recipes, the fused row-wise + column-wise kernel and the SwiGLU + quantisation kernels, on
+three recipes, the fused row-wise + column-wise kernel, the SwiGLU + quantisation kernels and the MXFP8
+quantise-dequantise kernel (csrc/cuda/quant/qdq_mxfp8.cuh: plans, misaligned plans, gathered rows), on
 ragged shapes, edge blocks and misaligned pointers.
 
 It checks the kernels' indexing and data flow where there is no GPU; the device arithmetic itself

@@ -60,6 +60,7 @@ struct Thread {
     int src = 0;          /* the lane it reads */
     uint32_t result = 0;  /* what it got */
     long shuffles = 0;    /* shuffles done: all lanes of one exchange must agree */
+    long barrier_ors = 0; /* __syncthreads_or calls done */
 };
 
 struct Cta {
@@ -67,6 +68,7 @@ struct Cta {
     ucontext_t scheduler;
     int current = 0;
     std::function<void()> body;
+    std::vector<int> barrier_or; /* __syncthreads_or number n's OR, gathered before its barrier completes */
 };
 
 inline Cta*& cta() {
@@ -137,7 +139,9 @@ inline void launch(unsigned grid, unsigned block, const std::function<void()>& k
             makecontext(&t.ctx, entry, 0);
             t.state = kRunnable;
             t.shuffles = 0;
+            t.barrier_ors = 0;
         }
+        c.barrier_or.clear();
         for (;;) {
             for (unsigned t = 0; t < block; ++t)
                 while (c.threads[t].state == kRunnable) resume((int)t);
@@ -186,6 +190,18 @@ inline void __syncthreads() {
     emu::yield();
 }
 
+/* Every thread's predicate ORed in before the barrier, read after it: the n-th call's OR has its own slot,
+ * so a thread already past the barrier (and at its next call) cannot disturb what the others read. */
+inline int __syncthreads_or(int pred) {
+    emu::Cta& c = *emu::cta();
+    const size_t n = (size_t)c.threads[c.current].barrier_ors++;
+    if (c.barrier_or.size() <= n) c.barrier_or.resize(n + 1, 0);
+    c.barrier_or[n] |= pred != 0;
+    __syncthreads();
+    return c.barrier_or[n];
+}
+inline void __threadfence_system() {}
+
 inline unsigned __shfl_xor_sync(unsigned mask, unsigned v, int lane_mask) {
     return emu::shuffle(mask, v, (int)(threadIdx.x % 32) ^ lane_mask);
 }
@@ -208,6 +224,13 @@ inline float __ldg(const float* p) { return *p; }
 
 inline unsigned __vmaxu2(unsigned a, unsigned b) {
     const unsigned lo = std::max(a & 0xFFFFu, b & 0xFFFFu), hi = std::max(a >> 16, b >> 16);
+    return lo | (hi << 16);
+}
+
+/* per 16-bit half: a - b, clamped at 0 */
+inline unsigned __vsubus2(unsigned a, unsigned b) {
+    const unsigned lo = (a & 0xFFFFu) > (b & 0xFFFFu) ? (a & 0xFFFFu) - (b & 0xFFFFu) : 0u;
+    const unsigned hi = (a >> 16) > (b >> 16) ? (a >> 16) - (b >> 16) : 0u;
     return lo | (hi << 16);
 }
 
@@ -296,6 +319,9 @@ inline void stream_wait() {
     }
 }
 inline uint4 stream_read(const uint4* slot) { return *slot; }
+
+/* quant/qdq_mxfp8.cuh's 16-byte store (inline PTX there) */
+inline void st_global_v4(void* dst, const uint32_t (&v)[4]) { memcpy(dst, v, 16); }
 inline float stream_read_f32(const float* slot) { return *slot; }
 
 #endif /* MOK_TESTS_CUDA_EMU_H */

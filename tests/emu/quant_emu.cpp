@@ -8,8 +8,9 @@
  * backward, row-wise / column-wise / both, with and without the bf16 result) against the same SwiGLU
  * arithmetic run element by element here, then the C core's quantisation; and the streamed SwiGLU
  * kernels (quant/swiglu_quantize_stream.cuh: persistent; the forward's loads one or two items ahead, the
- * backward's a ring of rows ahead per output tile) the same way. Built and run by
- * tests/test_fp8_emu.py:
+ * backward's a ring of rows ahead per output tile) the same way; and the MXFP8 quantise-dequantise kernel
+ * (quant/qdq_mxfp8.cuh: row-wise / column-wise / both, plans, gathered rows) against the C core's
+ * mok_qdq_mxfp8_rows / _cols. Built and run by tests/test_fp8_emu.py:
  *
  *     quant_emu SEED     prints one line per failure and "N passed, N failed"
  */
@@ -19,11 +20,15 @@
 #include "quant/swiglu_quantize_tile.cuh"
 #include "quant/swiglu_quantize_stream.cuh"
 #include "quant/rowcol_stream.cuh"
+#include "quant/qdq_mxfp8.cuh"
+#include "common/vec.cuh"
 #include "mok_core.h"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -260,6 +265,109 @@ void run_gather_case(Rng& rng, Recipe r, int64_t T, int64_t K, int64_t M, int64_
     expect_core_quantization(rt, transpose(x_rows, M, N), N, M, qt, st, label, " transposed");
 }
 
+
+/* The MXFP8 quantise-dequantise kernel (quant/qdq_mxfp8.cuh, what mok_qdq_mxfp8_cuda launches) against the C
+ * core's mok_qdq_mxfp8_rows / _cols: either copy or both; x placed `offset` elements into its buffer (1: the
+ * element-wise loads and stores); `plan`: the column copy's segments restart at offsets (multiples of 32 with
+ * empty segments, the last one may be M itself; rows outside [offsets[0], offsets[E]) are written as +0), or a
+ * misaligned plan (the kernel must set the error word and write nothing); gather: the rows are gathered from x
+ * [T, N] by a plan's sources (weighted or not, padding rows), the warp tiles walked in bands of `band` tile
+ * columns (0: row-major). */
+enum QdqPlan { kNoPlan, kPlan, kBadPlan };
+
+void run_qdq_case(Rng& rng, bool rows, bool cols, int64_t M, int64_t N, int offset, QdqPlan plan = kNoPlan,
+                  int64_t T = 0, int64_t K = 0, bool weighted = false, int band = 0) {
+    using namespace mok_qdq;
+    const bool gather = K > 0;
+    /* the input: x [M, N], or x [T, N] and the gathered rows x_rows [M, N] it stands for */
+    const std::vector<uint16_t> x = make_input(rng, gather ? T : M, N);
+    std::vector<uint16_t> buf(x.size() + 8);
+    memcpy(buf.data() + offset, x.data(), x.size() * 2);
+    std::vector<int32_t> src(gather ? (size_t)M : 0);
+    std::vector<float> w(gather ? (size_t)(T * K) : 0);
+    for (size_t i = 0; i < w.size(); ++i) /* a zero, large weights (overflow to Inf), a NaN */
+        w[i] = i % 7 == 3 ? 0.f : i % 11 == 5 ? 3e38f : i % 13 == 6 ? NAN : (float)rng.below(4000) / 1000.f - 2.f;
+    std::vector<uint16_t> x_rows = gather ? std::vector<uint16_t>((size_t)(M * N), 0) : x;
+    for (int64_t m = 0; gather && m < M; ++m) {
+        const int32_t sm = src[(size_t)m] = (int32_t)rng.below((int)(T * K + 3)) - 1;
+        if (sm < 0 || sm >= T * K) continue;
+        for (int64_t n = 0; n < N; ++n) {
+            const uint16_t v = x[(size_t)(sm / K * N + n)];
+            x_rows[(size_t)(m * N + n)] = weighted ? bf16_bits(w[(size_t)sm] * emu::float_of((uint32_t)v << 16)) : v;
+        }
+    }
+    /* the plan: E segments, boundaries at multiples of 32 (some equal: empty experts), first and last inside */
+    std::vector<int32_t> offsets;
+    if (plan != kNoPlan) {
+        const int E = 1 + rng.below(6);
+        for (int e = 0; e <= E; ++e) offsets.push_back((int32_t)(32 * rng.below((int)(M / 32) + 1)));
+        std::sort(offsets.begin(), offsets.end());
+        if (rng.below(2)) offsets.back() = (int32_t)M; /* the last segment up to M, whatever M is */
+        if (plan == kBadPlan) offsets[(size_t)rng.below(E + 1)] = (int32_t)(16 + 32 * rng.below((int)(M / 32))); /* < M */
+    }
+    const int64_t E = offsets.empty() ? 0 : (int64_t)offsets.size() - 1;
+    std::vector<uint16_t> y_rows(rows ? (size_t)(M * N) : 0, 0xA5A5), y_cols(cols ? (size_t)(M * N) : 0, 0xA5A5);
+    int32_t error_word = 0;
+    params p;
+    p.x = buf.data() + offset;
+    p.M = M;
+    p.N = N;
+    p.rows = rows ? y_rows.data() : nullptr;
+    p.cols = cols ? y_cols.data() : nullptr;
+    p.offsets = offsets.empty() ? nullptr : offsets.data();
+    p.E = E;
+    p.error_flag = &error_word;
+    const int64_t tiles_m = (M + kTileRows - 1) / kTileRows;
+    p.tiles_n = (int)((N + kTileCols - 1) / kTileCols);
+    p.tiles = (int)(tiles_m * p.tiles_n);
+    p.gather.src = gather ? src.data() : nullptr;
+    p.gather.w = gather && weighted ? w.data() : nullptr;
+    p.gather.src_limit = gather ? T * K : 0;
+    p.gather.top_k = gather ? (int)K : 1;
+    p.col_band = band > 0 && band < p.tiles_n ? band : p.tiles_n;
+    const bool vec = N % 8 == 0 && mok_aligned16(p.x, p.rows, p.cols); /* the launcher's choice */
+    char label[200];
+    snprintf(label, sizeof label, "qdq mxfp8 rows=%d cols=%d M=%lld N=%lld offset=%d vec=%d plan=%d E=%lld T=%lld K=%lld "
+             "weighted=%d band=%d", rows, cols, (long long)M, (long long)N, offset, vec, (int)plan, (long long)E,
+             (long long)T, (long long)K, weighted, band);
+    const unsigned grid = (unsigned)((p.tiles + kWarps - 1) / kWarps);
+    const bool ok = launched(label, grid, [&] {
+        auto run = [&](auto rows_c, auto cols_c) {
+            constexpr bool kR = decltype(rows_c)::value, kC = decltype(cols_c)::value;
+            if (gather && vec) qdq_mxfp8_kernel<kR, kC, true, true>(p);
+            else if (gather) qdq_mxfp8_kernel<kR, kC, false, true>(p);
+            else if (vec) qdq_mxfp8_kernel<kR, kC, true, false>(p);
+            else qdq_mxfp8_kernel<kR, kC, false, false>(p);
+        };
+        if (rows && cols) run(std::true_type{}, std::true_type{});
+        else if (rows) run(std::true_type{}, std::false_type{});
+        else run(std::false_type{}, std::true_type{});
+    });
+    if (!ok) return;
+    auto bytes = [](const std::vector<uint16_t>& v) {
+        return std::vector<uint8_t>((const uint8_t*)v.data(), (const uint8_t*)v.data() + v.size() * 2);
+    };
+    if (plan == kBadPlan && cols) { /* reported, nothing written (not the row-wise copy either) */
+        expect_equal({(uint8_t)(error_word == (int32_t)MOK_DEVICE_ERR_UNALIGNED_PLAN)}, {1}, std::string(label) + " error word");
+        std::vector<uint16_t> poison((size_t)(M * N), 0xA5A5);
+        if (rows) expect_equal(bytes(y_rows), bytes(poison), std::string(label) + " rows untouched");
+        expect_equal(bytes(y_cols), bytes(poison), std::string(label) + " cols untouched");
+        return;
+    }
+    expect_equal({(uint8_t)error_word}, {0}, std::string(label) + " error word");
+    if (rows) {
+        std::vector<uint16_t> want((size_t)(M * N));
+        if (mok_qdq_mxfp8_rows(x_rows.data(), M, N, 0, M, want.data()) != MOK_OK) throw std::runtime_error("core qdq rows");
+        expect_equal(bytes(y_rows), bytes(want), std::string(label) + " rows");
+    }
+    if (cols) {
+        std::vector<uint16_t> want((size_t)(M * N));
+        if (mok_qdq_mxfp8_cols(x_rows.data(), M, N, offsets.empty() ? nullptr : offsets.data(), E, 0, N, want.data()) !=
+            MOK_OK)
+            throw std::runtime_error("core qdq cols");
+        expect_equal(bytes(y_cols), bytes(want), std::string(label) + " cols");
+    }
+}
 
 /* One SwiGLU + quantisation kernel (forward or backward; rows, cols, keep) on random h and d_act
  * against SwiGLU computed here with the same functions, then the C core's quantisations. */
@@ -508,6 +616,30 @@ int main(int argc, char** argv) {
                     run_swiglu_case(rng, true, stream % 2 == 0, true, stream % 2 != 0, R, I, false, false, true, stream,
                                     grid);
                 }
+    /* MXFP8 quantise-dequantise (qdq_mxfp8.cuh): every copy combination on ragged shapes (rows and columns past
+     * the tile edges, one row, a row of 8, N not a multiple of 8), vector and element-wise paths; the column
+     * copy with plans (segments restarting at multiples of 32, empty ones, the last at M) and a misaligned plan;
+     * gathered rows (weighted, padding, K = 1 and 8) walked row-major and in bands of 1-3 tile columns */
+    for (const auto& sh : std::vector<std::pair<int64_t, int64_t>>{{1, 8}, {1, 1}, {32, 64}, {33, 72}, {130, 264},
+                                                                  {100, 77}, {64, 136}, {1 + rng.below(200), 8 * (1 + rng.below(40))}})
+        for (int offset : {0, 1}) {
+            run_qdq_case(rng, true, false, sh.first, sh.second, offset);
+            run_qdq_case(rng, false, true, sh.first, sh.second, offset);
+            run_qdq_case(rng, true, true, sh.first, sh.second, offset);
+            run_qdq_case(rng, false, true, sh.first, sh.second, offset, kPlan);
+            run_qdq_case(rng, true, true, sh.first, sh.second, offset, kPlan);
+        }
+    for (int64_t M : {40, 130, 256}) {
+        run_qdq_case(rng, false, true, M, 136, 0, kBadPlan);
+        run_qdq_case(rng, true, true, M, 72, 1, kBadPlan);
+    }
+    for (int band : {0, 1, 2, 3}) {
+        run_qdq_case(rng, true, true, 1, 8, 0, kNoPlan, 1, 1, false, band);
+        run_qdq_case(rng, true, true, 300, 264, 0, kNoPlan, 37, 8, false, band);
+        run_qdq_case(rng, true, true, 130, 200, 0, kPlan, 90, 2, true, band);
+        run_qdq_case(rng, false, true, 256, 136, 1, kPlan, 50, 4, true, band);
+        run_qdq_case(rng, true, false, 96, 77, 0, kNoPlan, 20, 8, true, band);
+    }
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

@@ -113,11 +113,14 @@ __device__ __forceinline__ void load_piece(const params& p, const piece& t, uint
 
 /* One 16-byte store (st.global.v4.b32, default caching).
  * NOTE: a plain uint4 assignment came out of the front end as four 4-byte stores here, and the
- * __stwb intrinsic as a strong (.STRONG.SM) store; the instruction is written out instead. */
+ * __stwb intrinsic as a strong (.STRONG.SM) store; the instruction is written out instead. The CPU
+ * emulation (tests/emu/cuda_emu.h) defines its own. */
+#ifndef MOK_TESTS_CUDA_EMU_H
 __device__ __forceinline__ void st_global_v4(void* dst, const uint32_t (&v)[4]) {
     asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
                  : "memory");
 }
+#endif
 
 /* Row i of the piece (4 words) to row t.r + i of an [M, N] output, if it exists. */
 template <bool kVec>
