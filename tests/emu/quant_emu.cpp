@@ -220,25 +220,44 @@ std::vector<uint8_t> bf16_bytes_nan_as_one(const std::vector<uint16_t>& v) {
 /* The rowcol kernel on gathered rows (kGather): x [T, N], row m of the result x[src[m] / K] (times
  * w[src[m]], rounded to bf16, when weighted), a zero row where src[m] is outside [0, T * K) (padding -1,
  * and entries past the end, as gather_rows on CUDA). */
+/* A plan's gathered rows of x [T, N]: src [M] (sources t * K + k, -1 and entries past T * K for padding), the
+ * routing weights w [T * K] (a zero, large ones that overflow to Inf, a NaN) and the rows x_rows [M, N] they
+ * stand for (times w, rounded to bf16, when weighted): gather_rows(x, src, w, K). */
+struct gathered {
+    std::vector<int32_t> src;
+    std::vector<float> w;
+    std::vector<uint16_t> x_rows;
+};
+
+gathered make_gathered(Rng& rng, const std::vector<uint16_t>& x, int64_t T, int64_t K, int64_t M, int64_t N,
+                       bool weighted) {
+    gathered g;
+    g.src.resize((size_t)M);
+    g.w.resize((size_t)(T * K));
+    for (size_t i = 0; i < g.w.size(); ++i)
+        g.w[i] = i % 7 == 3 ? 0.f : i % 11 == 5 ? 3e38f : i % 13 == 6 ? NAN : (float)rng.below(4000) / 1000.f - 2.f;
+    g.x_rows.assign((size_t)(M * N), 0);
+    for (int64_t m = 0; m < M; ++m) {
+        const int32_t sm = g.src[(size_t)m] = (int32_t)rng.below((int)(T * K + 3)) - 1;
+        if (sm < 0 || sm >= T * K) continue;
+        for (int64_t n = 0; n < N; ++n) {
+            const uint16_t v = x[(size_t)(sm / K * N + n)];
+            g.x_rows[(size_t)(m * N + n)] = weighted ? bf16_bits(g.w[(size_t)sm] * emu::float_of((uint32_t)v << 16)) : v;
+        }
+    }
+    return g;
+}
+
 void run_gather_case(Rng& rng, Recipe r, int64_t T, int64_t K, int64_t M, int64_t N, int offset,
                      bool weighted = false, bool col_tile = false, int band = 0, unsigned stream = 0) {
     using namespace mok_qtile;
     const std::vector<uint16_t> x = make_input(rng, T, N);
     std::vector<uint16_t> buf(x.size() + 8);
     memcpy(buf.data() + offset, x.data(), x.size() * 2);
-    std::vector<int32_t> src((size_t)M);
-    std::vector<float> w((size_t)(T * K));
-    for (size_t i = 0; i < w.size(); ++i)  /* a zero, large weights (overflow to Inf), a NaN */
-        w[i] = i % 7 == 3 ? 0.f : i % 11 == 5 ? 3e38f : i % 13 == 6 ? NAN : (float)rng.below(4000) / 1000.f - 2.f;
-    std::vector<uint16_t> x_rows((size_t)(M * N), 0);
-    for (int64_t m = 0; m < M; ++m) {
-        const int32_t sm = src[(size_t)m] = (int32_t)rng.below((uint64_t)(T * K + 3)) - 1;
-        if (sm < 0 || sm >= T * K) continue;
-        for (int64_t n = 0; n < N; ++n) {
-            const uint16_t v = x[(size_t)(sm / K * N + n)];
-            x_rows[(size_t)(m * N + n)] = weighted ? bf16_bits(w[(size_t)sm] * emu::float_of((uint32_t)v << 16)) : v;
-        }
-    }
+    const gathered g = make_gathered(rng, x, T, K, M, N, weighted);
+    const std::vector<int32_t>& src = g.src;
+    const std::vector<float>& w = g.w;
+    const std::vector<uint16_t>& x_rows = g.x_rows;
     std::vector<uint8_t> q((size_t)(M * N), 0xA5), s((size_t)scale_count(r, M, N) * scale_size(r), 0xA5);
     const Recipe rt = col_tile ? k128x128 : r;
     std::vector<uint8_t> qt((size_t)(M * N), 0xA5), st((size_t)scale_count(rt, N, M) * scale_size(rt), 0xA5);
@@ -283,19 +302,10 @@ void run_qdq_case(Rng& rng, bool rows, bool cols, int64_t M, int64_t N, int offs
     const std::vector<uint16_t> x = make_input(rng, gather ? T : M, N);
     std::vector<uint16_t> buf(x.size() + 8);
     memcpy(buf.data() + offset, x.data(), x.size() * 2);
-    std::vector<int32_t> src(gather ? (size_t)M : 0);
-    std::vector<float> w(gather ? (size_t)(T * K) : 0);
-    for (size_t i = 0; i < w.size(); ++i) /* a zero, large weights (overflow to Inf), a NaN */
-        w[i] = i % 7 == 3 ? 0.f : i % 11 == 5 ? 3e38f : i % 13 == 6 ? NAN : (float)rng.below(4000) / 1000.f - 2.f;
-    std::vector<uint16_t> x_rows = gather ? std::vector<uint16_t>((size_t)(M * N), 0) : x;
-    for (int64_t m = 0; gather && m < M; ++m) {
-        const int32_t sm = src[(size_t)m] = (int32_t)rng.below((int)(T * K + 3)) - 1;
-        if (sm < 0 || sm >= T * K) continue;
-        for (int64_t n = 0; n < N; ++n) {
-            const uint16_t v = x[(size_t)(sm / K * N + n)];
-            x_rows[(size_t)(m * N + n)] = weighted ? bf16_bits(w[(size_t)sm] * emu::float_of((uint32_t)v << 16)) : v;
-        }
-    }
+    const gathered g = gather ? make_gathered(rng, x, T, K, M, N, weighted) : gathered{{}, {}, x};
+    const std::vector<int32_t>& src = g.src;
+    const std::vector<float>& w = g.w;
+    const std::vector<uint16_t>& x_rows = g.x_rows;
     /* the plan: E segments, boundaries at multiples of 32 (some equal: empty experts), first and last inside */
     std::vector<int32_t> offsets;
     if (plan != kNoPlan) {
