@@ -9,6 +9,8 @@
 # VARIANTS: space-separated name:flags (flags: nvcc -D options, no spaces inside one; use ',' to
 # separate several, e.g. b128np:-DMOK_SM90_FP8_BN_FWD=128,-DMOK_SM90_FP8_NO_PROMOTE=1).
 # WGRAD=1 times the weight-gradient variant instead (PROBLEMS then read R E M N after 'wgrad').
+# A flag yield=F patches the built checker: in each run of promotion FFMAs, the reuse-flagged ones in the first
+# F of the run become yield points (benchmarks/sass_yield.py; performance log v58).
 # A flag src=DIR builds DIR/benchmarks/sm90_fp8_gemm_check.cu instead (a copy of an older tree, e.g.
 # `mkdir -p _ab/old && git archive HEAD csrc benchmarks | tar -x -C _ab/old`, then "old:src=_ab/old").
 # PROBLEMS: ';'-separated checker arguments (R E N K), default DeepSeek-V3 and Mixtral GEMM1.
@@ -40,7 +42,7 @@ for v in $VARIANTS; do
     src=.
     defs=()
     for f in ${flags//,/ }; do
-        case $f in src=*) src=${f#src=} ;; *) defs+=("$f") ;; esac
+        case $f in src=*) src=${f#src=} ;; yield=*) ;; *) defs+=("$f") ;; esac
     done
     nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I"$src/csrc/cuda" "${defs[@]}" \
         -o "$BIN/$name" "$src/$TOOL_SRC" -lcuda > "$BIN/$name.build.log" 2>&1 &
@@ -49,6 +51,14 @@ wait
 for v in $VARIANTS; do
     name=${v%%:*}
     [ -x "$BIN/$name" ] || { echo "build of $name failed:"; tail -20 "$BIN/$name.build.log"; exit 1; }
+    flags=${v#*:}
+    for f in ${flags//,/ }; do
+        case $f in
+            yield=*)  # the built binary's promotion FFMAs made yield points (benchmarks/sass_yield.py, v58)
+                python3 benchmarks/sass_yield.py "$BIN/$name" "$BIN/$name.y" --fraction "${f#yield=}" &&
+                    mv "$BIN/$name.y" "$BIN/$name" || { echo "sass_yield on $name failed"; exit 1; } ;;
+        esac
+    done
 done
 
 IFS=';' read -r -a probs <<< "$PROBLEMS"

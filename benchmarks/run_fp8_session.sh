@@ -21,6 +21,8 @@
 # TRACE_IMPLS=a,b,... replaces the impls, TRACE_SHAPES=a,b,... the shape).
 # SWIGLU_WIDTHS=1 also times the fused SwiGLU GEMM1's tile widths in the standalone checker (128 x 128
 # against the opt-in 128 x 192, MOK_SM90_FP8_SWIGLU_BN=192; v32), interleaved.
+# FFMA_YIELD=1 also times the FP8 checker with its promotion FFMAs made yield points (v58; benchmarks/sass_yield.py)
+# against the same build unpatched, on five forward GEMMs, interleaved ($OUT/fp8_check_variants.txt).
 # SQ_AB=DIR also times the SwiGLU + quantisation harness built from this tree against the one in DIR (a copy
 # of an older tree, as for BF16_AB), interleaved, after benchmarks/swiglu_exp_check.cu where this tree has it
 # ($OUT/swiglu_quant_ab.txt; SQ_AB_PROBLEMS="R I ..." replaces the three shapes).
@@ -97,6 +99,15 @@ if [ -n "${SWIGLU_WIDTHS:-}" ]; then
         done
     } > "$OUT/swiglu_widths.txt" 2>&1
     echo "SwiGLU widths ($((SECONDS - T0)) s):"; cut -c1-150 "$OUT/swiglu_widths.txt"
+fi
+
+if [ -n "${FFMA_YIELD:-}" ]; then
+    # v58: the FP8 checker as built against the same binary with its promotion FFMAs made yield points
+    # (benchmarks/sass_yield.py: half of each run, all of it), interleaved; every run checks its outputs
+    VARIANTS="def: y50:yield=0.5 y100:yield=1" ROUNDS=2 \
+        PROBLEMS="65536 32 4096 7168;16384 8 28672 4096;16384 8 4096 14336;65536 32 7168 2048;131072 128 2048 768" \
+        timeout 420 bash benchmarks/fp8_check_variants.sh | tail -5
+    echo "FFMA yield A/B ($((SECONDS - T0)) s)"
 fi
 
 if [ -n "${BF16_AB:-}" ]; then
