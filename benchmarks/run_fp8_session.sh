@@ -23,6 +23,9 @@
 # against the opt-in 128 x 192, MOK_SM90_FP8_SWIGLU_BN=192; v32), interleaved.
 # FFMA_YIELD=1 also times the FP8 checker with its promotion FFMAs made yield points (v58; benchmarks/sass_yield.py)
 # against the same build unpatched, on five forward GEMMs, interleaved ($OUT/fp8_check_variants.txt).
+# FFMA_YIELD_LIB=F also patches the built extension so (v58, fraction F), runs the FP8 GEMM and layer GPU tests on
+# it and times bench_gemm_fp8.py and the layer (mok, mok_fp8_all_tiled; SKIP_YIELD_LAYER=1 leaves it out) with the
+# plain and the patched extension in turn, twice ($OUT/bench_gemm_fp8_{plain,yield}_N.md, bench_moe_layer_*).
 # SQ_AB=DIR also times the SwiGLU + quantisation harness built from this tree against the one in DIR (a copy
 # of an older tree, as for BF16_AB), interleaved, after benchmarks/swiglu_exp_check.cu where this tree has it
 # ($OUT/swiglu_quant_ab.txt; SQ_AB_PROBLEMS="R I ..." replaces the three shapes).
@@ -108,6 +111,37 @@ if [ -n "${FFMA_YIELD:-}" ]; then
         PROBLEMS="65536 32 4096 7168;16384 8 28672 4096;16384 8 4096 14336;65536 32 7168 2048;131072 128 2048 768" \
         timeout 420 bash benchmarks/fp8_check_variants.sh | tail -5
     echo "FFMA yield A/B ($((SECONDS - T0)) s)"
+fi
+
+if [ -n "${FFMA_YIELD_LIB:-}" ]; then
+    # v58 in the library: the built extension patched as the checker is (FFMA_YIELD_LIB=F), its FP8 GEMM tests on
+    # the patched code, then bench_gemm_fp8.py and the FP8 layer with the plain and the patched extension in
+    # turn, twice (one process per run: each loads the .so in place at that moment); the plain one put back
+    so=$(ls mok/_C*.so | head -1)
+    cp "$so" /tmp/mok_C_plain.so
+    python3 benchmarks/sass_yield.py "$so" /tmp/mok_C_yield.so --fraction "$FFMA_YIELD_LIB" || exit 1
+    cp /tmp/mok_C_yield.so "$so"
+    timeout 150 python3 -m pytest tests/test_fp8_gemm.py tests/test_fp8_experts.py -q -m gpu -p no:cacheprovider \
+        > "$OUT/gpu_tests_fp8_yield.txt" 2>&1
+    echo "FP8 GEMM and layer tests on the patched extension: $(tail -1 "$OUT/gpu_tests_fp8_yield.txt")"
+    for round in 1 2; do
+        for v in plain yield; do
+            cp "/tmp/mok_C_$v.so" "$so"
+            timeout 120 python3 benchmarks/bench_gemm_fp8.py --shapes mixtral_8x7b,dsv3_ep8_slice,qwen3_30b_a3b \
+                --gemms gemm1,gemm2 --passes fwd,wgrad --iters 10 --warmup 3 --out "/tmp/mok_gemm_$v$round.json" \
+                > /dev/null 2>&1
+            cp "/tmp/mok_gemm_$v$round.md" "$OUT/bench_gemm_fp8_${v}_$round.md" 2>/dev/null
+            [ -n "${SKIP_YIELD_LAYER:-}" ] || timeout 150 python3 benchmarks/bench_moe_layer.py \
+                --shapes qwen3_30b_a3b,mixtral_8x7b,dsv3_ep8_slice --routing balanced --impls mok,mok_fp8_all_tiled \
+                --naive off --rounds 1 --out "/tmp/mok_layer_$v$round.json" > /dev/null 2>&1
+            cp "/tmp/mok_layer_$v$round.md" "$OUT/bench_moe_layer_${v}_$round.md" 2>/dev/null
+            echo "FFMA yield in the library, $v round $round ($((SECONDS - T0)) s)"
+        done
+    done
+    cp /tmp/mok_C_plain.so "$so"
+    for f in "$OUT"/bench_gemm_fp8_*_?.md; do
+        echo "== $f"; grep -E "\| mok_fp8 " "$f" | cut -c1-110
+    done
 fi
 
 if [ -n "${BF16_AB:-}" ]; then
