@@ -1,8 +1,8 @@
 /*
- * A small CPU emulation of the CUDA features that mok's bf16 quantisation tile kernels use, so
- * their indexing, shuffles, barriers and shared-memory layouts can be tested where there is no GPU
- * (tests/test_fp8_emu.py). Include it before any kernel header and compile with a host C++
- * compiler against the CUDA toolkit's headers.
+ * A small CPU emulation of the CUDA features that mok's bf16 quantisation tile kernels and its routing plan's
+ * kernels use, so that their indexing, shuffles, barriers and shared-memory layouts can be tested where there
+ * is no GPU (tests/test_fp8_emu.py, tests/test_plan_emu.py). Include it before any kernel header and compile
+ * with a host C++ compiler against the CUDA toolkit's headers.
  *
  * Every thread of a CTA is a coroutine (ucontext) on one OS thread; CTAs run one after another.
  * A thread runs until it reaches a warp shuffle or __syncthreads, then yields. A shuffle completes
@@ -210,6 +210,12 @@ inline int __shfl_xor_sync(unsigned mask, int v, int lane_mask) {
 }
 inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
     return emu::float_of(emu::shuffle(mask, emu::bits_of(v), (int)(threadIdx.x % 32) ^ lane_mask));
+}
+
+/* lane l reads lane l - delta, or keeps its own value below delta */
+inline int __shfl_up_sync(unsigned mask, int v, unsigned delta) {
+    const int lane = (int)(threadIdx.x % 32);
+    return (int)emu::shuffle(mask, (uint32_t)v, lane >= (int)delta ? lane - (int)delta : lane);
 }
 
 inline unsigned __shfl_sync(unsigned mask, unsigned v, int src_lane) { return emu::shuffle(mask, v, src_lane); }
