@@ -14,10 +14,21 @@ import torch.nn.functional as F
 SOFTMAX, SIGMOID = "softmax", "sigmoid"
 
 
-def _topk_stable(scores, k):
-    """Indices of the k largest scores per row, descending, ties to the lower index."""
-    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
-    return order[..., :k]
+def _order_desc(scores, allowed=None):
+    """Indices that sort the last dim by descending score, ties to the lower index, NaN after every number (the
+    lower index first among NaNs; torch.sort alone puts NaN first), entries not `allowed` after all others:
+    mok_route_topk's order (csrc/core/mok_core.h)."""
+    nan = torch.isnan(scores)
+    order = torch.sort(scores.masked_fill(nan, float("-inf")), dim=-1, descending=True, stable=True).indices
+    rank = nan.gather(-1, order).to(torch.int8)
+    if allowed is not None:
+        rank = rank + 2 * (~allowed).gather(-1, order).to(torch.int8)
+    return order.gather(-1, torch.sort(rank, dim=-1, stable=True).indices)
+
+
+def _topk_stable(scores, k, allowed=None):
+    """Indices of the k best scores per row in _order_desc's order."""
+    return _order_desc(scores, allowed)[..., :k]
 
 
 def route_topk(logits, top_k, *, bias=None, score_func=SOFTMAX, n_group=1, topk_group=1, renormalize=True,
@@ -35,14 +46,15 @@ def route_topk(logits, top_k, *, bias=None, score_func=SOFTMAX, n_group=1, topk_
     if n_group > 1:
         per = E // n_group
         grouped = choice.view(T, n_group, per)
-        top2 = torch.sort(grouped, dim=-1, descending=True).values[..., : min(2, per)]
-        group_scores = top2.sum(-1)
+        top2 = grouped.gather(-1, _topk_stable(grouped, min(2, per)))
+        group_scores = top2[..., 0] + top2[..., 1] if per >= 2 else top2[..., 0]
         keep = _topk_stable(group_scores, topk_group)
         allowed = torch.zeros(T, n_group, dtype=torch.bool, device=logits.device)
         allowed.scatter_(1, keep, True)
         allowed = allowed.repeat_interleave(per, dim=1)
-        choice = choice.masked_fill(~allowed, float("-inf"))
-    idx = _topk_stable(choice, top_k)
+    else:
+        allowed = None
+    idx = _topk_stable(choice, top_k, allowed)
     w = scores.gather(1, idx)
     if renormalize:
         w = w / (w.sum(-1, keepdim=True) + 1e-20)

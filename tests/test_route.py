@@ -85,3 +85,29 @@ def test_route_topk_gradient_matches_reference(device):
     (w * g.to(device)).sum().backward()
     (rw * g.double()).sum().backward()
     assert rel_err(logits.grad, ref_logits.grad) < 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cfg", [dict(score_func="sigmoid", renormalize=False),
+                                 dict(score_func="sigmoid", renormalize=True, bias=True, n_group=4, topk_group=2),
+                                 dict(score_func="softmax", renormalize=True)],
+                         ids=["sigmoid", "sigmoid-grouped-bias", "softmax"])
+def test_nan_logits_rank_below_every_number(device, cfg):
+    """A NaN score ranks below every number (NaNs among themselves by lower id), in the kernel, the core and the
+    reference alike (torch.sort alone would put NaN first): a NaN logit's expert is picked only when no number
+    is left. Softmax turns one NaN logit into NaN scores for the whole row."""
+    cfg = dict(cfg)
+    T, E, K = 24, 16, 6
+    bias = torch.rand(E, dtype=torch.float64).to(device) * 0.05 if cfg.pop("bias", False) else None
+    logits = separated_logits(T, E, torch.float64, device)
+    for t in range(1, T):  # row t: t % 7 NaN logits at random experts (row 0 has none)
+        logits[t, torch.randperm(E)[: t % 7].to(device)] = float("nan")
+    logits[T - 1] = float("nan")  # every logit NaN: experts 0 .. K-1 (of the kept groups)
+    idx, w = mok.functional.route_topk(logits, K, bias=bias, **cfg)
+    ridx, rw = reference.route_topk(logits.cpu(), K, bias=None if bias is None else bias.cpu(), **cfg)
+    assert torch.equal(idx.cpu().long(), ridx)
+    torch.testing.assert_close(w.cpu(), rw, equal_nan=True, rtol=1e-12, atol=0)
+    if cfg["score_func"] == "sigmoid" and "n_group" not in cfg:
+        nan_rows = torch.isnan(logits.cpu()).gather(1, ridx)
+        numbers = (~torch.isnan(logits.cpu())).sum(1, keepdim=True)
+        assert not (nan_rows & (torch.arange(K) < numbers)).any()  # the first min(K, numbers) picks are numbers

@@ -136,6 +136,8 @@ typedef enum { MOK_SCORE_SOFTMAX = 0, MOK_SCORE_SIGMOID = 1 } mok_score_func;
  *     with the highest score are kept (ties: lower group id first); other experts are excluded;
  *   the K experts with the highest c among the allowed ones are selected, ordered by descending c
  *     (ties: lower expert id first);
+ *   every ranking here (group scores, a group's top two, the selection) puts NaN below every number,
+ *     NaNs among themselves by lower id (a NaN logit's expert is chosen only when no number is left);
  *   w_k = s[idx_k]; if renormalize: w_k = w_k / (sum_k w_k + 1e-20); then w_k *= scaling.
  * Outputs topk_idx [T, K] int32 and topk_w [T, K] in dt. Requires 1 <= K <= E (and
  * K <= topk_group * E / n_group when grouped), else MOK_ERR_ARG. */

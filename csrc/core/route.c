@@ -41,11 +41,16 @@ static void token_scores(const void* logits, int single, int64_t row, int64_t E,
     for (e = 0; e < E; e++) s[e] = rnd(s[e] / sum, single);
 }
 
-/* The allowed entry of v[0, n) with the highest value, lowest index on ties; -1 if none. */
+/* Does a value a, at a higher index, rank before b? Higher first; NaN below every number (-Inf included), so
+ * that the earlier NaN (lower index) stays first among NaNs: the CUDA kernel's total order (route_topk.cuh),
+ * whose answer does not depend on the order of the comparisons. */
+static int ranks_before(double a, double b) { return isnan(b) ? !isnan(a) : !isnan(a) && a > b; }
+
+/* The allowed entry of v[0, n) that ranks first (ranks_before; lowest index on ties); -1 if none. */
 static int64_t argmax_allowed(const double* v, const unsigned char* allowed, int64_t n) {
     int64_t i, best = -1;
     for (i = 0; i < n; i++)
-        if (allowed[i] && (best < 0 || v[i] > v[best])) best = i;
+        if (allowed[i] && (best < 0 || ranks_before(v[i], v[best]))) best = i;
     return best;
 }
 

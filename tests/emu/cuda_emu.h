@@ -212,6 +212,19 @@ inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
     return emu::float_of(emu::shuffle(mask, emu::bits_of(v), (int)(threadIdx.x % 32) ^ lane_mask));
 }
 
+/* doubles move as two 32-bit halves, as on the device */
+inline double __shfl_xor_sync(unsigned mask, double v, int lane_mask) {
+    uint64_t u;
+    memcpy(&u, &v, 8);
+    const uint64_t lo = __shfl_xor_sync(mask, (unsigned)u, lane_mask), hi = __shfl_xor_sync(mask, (unsigned)(u >> 32), lane_mask);
+    u = lo | (hi << 32);
+    memcpy(&v, &u, 8);
+    return v;
+}
+
+/* a warp barrier: every lane of the warp must reach it (modelled as an exchange of nothing) */
+inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) { emu::shuffle(mask, 0u, (int)(threadIdx.x % 32)); }
+
 /* lane l reads lane l - delta, or keeps its own value below delta */
 inline int __shfl_up_sync(unsigned mask, int v, unsigned delta) {
     const int lane = (int)(threadIdx.x % 32);
@@ -219,6 +232,14 @@ inline int __shfl_up_sync(unsigned mask, int v, unsigned delta) {
 }
 
 inline unsigned __shfl_sync(unsigned mask, unsigned v, int src_lane) { return emu::shuffle(mask, v, src_lane); }
+inline double __shfl_sync(unsigned mask, double v, int src_lane) {
+    uint64_t u;
+    memcpy(&u, &v, 8);
+    const uint64_t lo = emu::shuffle(mask, (unsigned)u, src_lane), hi = emu::shuffle(mask, (unsigned)(u >> 32), src_lane);
+    u = lo | (hi << 32);
+    memcpy(&v, &u, 8);
+    return v;
+}
 inline int __shfl_sync(unsigned mask, int v, int src_lane) { return (int)emu::shuffle(mask, (uint32_t)v, src_lane); }
 inline float __shfl_sync(unsigned mask, float v, int src_lane) {
     return emu::float_of(emu::shuffle(mask, emu::bits_of(v), src_lane));
@@ -271,6 +292,24 @@ inline double __ddiv_rn(double a, double b) { return a / b; }
 inline double __fma_rn(double a, double b, double c) { return fma(a, b, c); }
 inline float __expf(float x) { return expf(x); }
 inline float __fdividef(float a, float b) { return a / b; }
+
+/* ---- the launch helpers' device queries (common/launch.cuh's grid sizing) ----
+ * Device 0 has 132 SMs (an H100's), device 1 one SM, so that a grid-stride kernel gets a small grid and each of
+ * its warps several work items; emu::device selects which one cudaGetDevice reports. */
+namespace emu {
+inline int& device() {
+    static int d = 0;
+    return d;
+}
+}  // namespace emu
+extern "C" cudaError_t cudaGetDevice(int* device) {
+    *device = emu::device();
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+    *value = attr == cudaDevAttrMultiProcessorCount ? (device == 0 ? 132 : 1) : 0;
+    return cudaSuccess;
+}
 
 /* ---- the streamed kernels' asynchronous copies (quant/swiglu_quantize_stream.cuh) ----
  * A copy's 16 bytes are read at issue (the inputs do not change during a launch) but land in shared

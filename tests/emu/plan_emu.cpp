@@ -17,16 +17,6 @@
 #include <string>
 #include <vector>
 
-/* The launch helpers' device queries (common/launch.cuh's grid sizing): one device of 132 SMs, as an H100's. */
-extern "C" cudaError_t cudaGetDevice(int* device) {
-    *device = 0;
-    return cudaSuccess;
-}
-extern "C" cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
-    *value = attr == cudaDevAttrMultiProcessorCount ? 132 : 0;
-    return cudaSuccess;
-}
-
 namespace {
 
 struct Rng {
