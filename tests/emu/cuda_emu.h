@@ -212,14 +212,34 @@ inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
     return emu::float_of(emu::shuffle(mask, emu::bits_of(v), (int)(threadIdx.x % 32) ^ lane_mask));
 }
 
-/* doubles move as two 32-bit halves, as on the device */
-inline double __shfl_xor_sync(unsigned mask, double v, int lane_mask) {
+/* 64-bit values move as two 32-bit halves, as on the device; lane l reads lane src(l) */
+namespace emu {
+template <typename T>
+inline T shuffle64(unsigned mask, T v, int src_lane) {
+    static_assert(sizeof(T) == 8, "64-bit values");
     uint64_t u;
     memcpy(&u, &v, 8);
-    const uint64_t lo = __shfl_xor_sync(mask, (unsigned)u, lane_mask), hi = __shfl_xor_sync(mask, (unsigned)(u >> 32), lane_mask);
+    const uint64_t lo = shuffle(mask, (unsigned)u, src_lane), hi = shuffle(mask, (unsigned)(u >> 32), src_lane);
     u = lo | (hi << 32);
     memcpy(&v, &u, 8);
     return v;
+}
+inline int down_lane(unsigned delta) {
+    const int lane = (int)(threadIdx.x % 32);
+    return lane + (int)delta < 32 ? lane + (int)delta : lane;
+}
+}  // namespace emu
+inline int64_t __shfl_sync(unsigned mask, int64_t v, int src_lane) { return emu::shuffle64(mask, v, src_lane); }
+inline double __shfl_sync(unsigned mask, double v, int src_lane) { return emu::shuffle64(mask, v, src_lane); }
+inline double __shfl_xor_sync(unsigned mask, double v, int lane_mask) {
+    return emu::shuffle64(mask, v, (int)(threadIdx.x % 32) ^ lane_mask);
+}
+/* lane l reads lane l + delta, or keeps its own value from lane 32 - delta on */
+inline float __shfl_down_sync(unsigned mask, float v, unsigned delta) {
+    return emu::float_of(emu::shuffle(mask, emu::bits_of(v), emu::down_lane(delta)));
+}
+inline double __shfl_down_sync(unsigned mask, double v, unsigned delta) {
+    return emu::shuffle64(mask, v, emu::down_lane(delta));
 }
 
 /* a warp barrier: every lane of the warp must reach it (modelled as an exchange of nothing) */
@@ -232,14 +252,7 @@ inline int __shfl_up_sync(unsigned mask, int v, unsigned delta) {
 }
 
 inline unsigned __shfl_sync(unsigned mask, unsigned v, int src_lane) { return emu::shuffle(mask, v, src_lane); }
-inline double __shfl_sync(unsigned mask, double v, int src_lane) {
-    uint64_t u;
-    memcpy(&u, &v, 8);
-    const uint64_t lo = emu::shuffle(mask, (unsigned)u, src_lane), hi = emu::shuffle(mask, (unsigned)(u >> 32), src_lane);
-    u = lo | (hi << 32);
-    memcpy(&v, &u, 8);
-    return v;
-}
+
 inline int __shfl_sync(unsigned mask, int v, int src_lane) { return (int)emu::shuffle(mask, (uint32_t)v, src_lane); }
 inline float __shfl_sync(unsigned mask, float v, int src_lane) {
     return emu::float_of(emu::shuffle(mask, emu::bits_of(v), src_lane));

@@ -1,0 +1,269 @@
+/*
+ * The row-movement kernels (csrc/cuda/rows/rows.cuh: gather_rows, combine, combine_weight_grad, chosen as the
+ * launcher chooses them) run on the CPU through cuda_emu.h and compared with the C core: gather and combine bit
+ * for bit (the same arithmetic per element, k in order), combine_weight_grad within float rounding of the core's
+ * serial sum (the kernel's fixed-shape reduction is another order) and bit for bit between two runs. Every dtype
+ * (bf16 on its 16-byte path and, misaligned or H % 8 != 0, on the scalar one; f16, f32, f64), weighted and plain,
+ * padding rows, indices past their tensors (a zero row / a skipped term on the GPU), the token walk of plain bf16
+ * copies with the inverse map (K from 4 to 32; its result must not depend on what row_of holds), K = 1, one token,
+ * and grids whose blocks take several rows or tokens. Built and run by tests/test_rows_emu.py:
+ *
+ *     rows_emu SEED     prints one line per failure and "N passed, N failed"
+ */
+#include "cuda_emu.h"
+
+#include "rows/rows.cuh"
+#include "mok_core.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Rng {
+    uint64_t s;
+    uint64_t next() {
+        s += 0x9E3779B97F4A7C15ull;
+        uint64_t z = s;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        return z ^ (z >> 31);
+    }
+    int64_t below(int64_t n) { return (int64_t)(next() % (uint64_t)n); }
+    double uniform() { return (double)(next() >> 11) / 9007199254740992.0; }
+};
+
+int passed = 0, failed = 0;
+
+void expect(bool ok, const std::string& what) {
+    if (ok) {
+        ++passed;
+    } else {
+        ++failed;
+        printf("FAIL %s\n", what.c_str());
+    }
+}
+
+/* storage bytes per element, and random elements of dt (values in [-2, 2)) as bytes */
+size_t size_of(mok_dtype dt) { return dt == MOK_F64 ? 8 : dt == MOK_F32 ? 4 : 2; }
+const char* name_of(mok_dtype dt) {
+    return dt == MOK_BF16 ? "bf16" : dt == MOK_F16 ? "f16" : dt == MOK_F32 ? "f32" : "f64";
+}
+
+std::vector<uint8_t> random_elements(Rng& rng, mok_dtype dt, int64_t n, size_t pad) {
+    std::vector<uint8_t> b((size_t)n * size_of(dt) + pad, 0);
+    for (int64_t i = 0; i < n; ++i) {
+        const double v = rng.uniform() * 4.0 - 2.0;
+        uint8_t* at = b.data() + pad + (size_t)i * size_of(dt);
+        if (dt == MOK_F64) {
+            memcpy(at, &v, 8);
+        } else if (dt == MOK_F32) {
+            const float f = (float)v;
+            memcpy(at, &f, 4);
+        } else if (dt == MOK_BF16) {
+            const uint16_t h = __bfloat16_as_ushort(__float2bfloat16((float)v));
+            memcpy(at, &h, 2);
+        } else {
+            const uint16_t h = __half_as_ushort(__float2half((float)v));
+            memcpy(at, &h, 2);
+        }
+    }
+    return b;
+}
+
+/* weights in the accumulation type (double for f64, else float) */
+std::vector<uint8_t> random_weights(Rng& rng, mok_dtype dt, int64_t n) {
+    std::vector<uint8_t> b((size_t)n * (dt == MOK_F64 ? 8 : 4));
+    for (int64_t i = 0; i < n; ++i) {
+        const double v = rng.uniform() * 2.0 - 0.5;
+        if (dt == MOK_F64) memcpy(b.data() + 8 * i, &v, 8);
+        else {
+            const float f = (float)v;
+            memcpy(b.data() + 4 * i, &f, 4);
+        }
+    }
+    return b;
+}
+
+/* launch(kernel, grid, block, args...) as one emulated grid */
+auto emulated = [](auto kernel, unsigned grid, unsigned block, auto... args) {
+    emu::launch(grid, block, [&] { kernel(args...); });
+};
+
+/* gather: R rows of x [T, H] by src_of_row (padding -1, some past T * K), weighted or not; with_row_of: the
+ * inverse map given as the layers give it (consistent) or as garbage (the result must be the same) */
+void gather_case(Rng& rng, mok_dtype dt, int64_t T, int64_t H, int64_t K, int64_t R, bool weighted, int row_of_kind,
+                 size_t misalign) {
+    const int64_t TK = T * K;
+    std::vector<uint8_t> x = random_elements(rng, dt, T * H, misalign);
+    std::vector<uint8_t> w = random_weights(rng, dt, TK);
+    std::vector<int32_t> src((size_t)R, -1), src_core((size_t)R), row_of((size_t)TK, -1);
+    /* a permutation of the pairs into the first rows (a plan's), padding after; a few past T * K */
+    std::vector<int32_t> pairs((size_t)TK);
+    for (int64_t i = 0; i < TK; ++i) pairs[(size_t)i] = (int32_t)i;
+    for (int64_t i = TK - 1; i > 0; --i) std::swap(pairs[(size_t)i], pairs[(size_t)rng.below(i + 1)]);
+    for (int64_t r = 0; r < R; ++r) {
+        const int64_t kind = rng.below(10);
+        if (r < TK && kind < 8) src[(size_t)r] = pairs[(size_t)r];
+        else if (kind == 8) src[(size_t)r] = (int32_t)(TK + rng.below(5)); /* past T * K: a zero row */
+        if (src[(size_t)r] >= 0 && src[(size_t)r] < TK) row_of[(size_t)src[(size_t)r]] = (int32_t)r;
+        src_core[(size_t)r] = src[(size_t)r] < TK ? src[(size_t)r] : -1;
+    }
+    if (row_of_kind == 2)
+        for (auto& v : row_of) v = (int32_t)rng.below(R + 3) - 2; /* garbage: only a hint */
+    const size_t es = size_of(dt);
+    std::vector<uint8_t> want((size_t)(R * H) * es), got((size_t)(R * H) * es + misalign, 0xA5);
+    if (mok_gather_rows(x.data() + misalign, dt, T, H, K, src_core.data(), weighted ? w.data() : nullptr, 0, R,
+                        want.data()) != MOK_OK)
+        throw std::runtime_error("core gather_rows");
+    mok_gather_rows_args a;
+    a.x = x.data() + misalign;
+    a.dtype = dt;
+    a.T = T;
+    a.H = H;
+    a.K = K;
+    a.R = R;
+    a.src_of_row = src.data();
+    a.w = weighted ? w.data() : nullptr;
+    a.out = got.data() + misalign;
+    a.row_of = row_of_kind ? row_of.data() : nullptr;
+    char label[200];
+    snprintf(label, sizeof label, "gather %s T=%lld H=%lld K=%lld R=%lld weighted=%d row_of=%d misalign=%zu device=%d",
+             name_of(dt), (long long)T, (long long)H, (long long)K, (long long)R, weighted, row_of_kind, misalign,
+             emu::device());
+    try {
+        expect(mok_rows::gather_rows_run(&a, emulated) == 0, std::string(label) + " accepted");
+    } catch (const std::exception& e) {
+        expect(false, std::string(label) + ": " + e.what());
+        return;
+    }
+    expect(memcmp(got.data() + misalign, want.data(), want.size()) == 0, std::string(label) + " out");
+}
+
+/* combine: y [T, H] from rows [R, H] by row_of (-1 and past-R entries skipped), weighted or not */
+void combine_case(Rng& rng, mok_dtype dt, int64_t T, int64_t H, int64_t K, int64_t R, bool weighted, size_t misalign) {
+    std::vector<uint8_t> rows = random_elements(rng, dt, R * H, misalign);
+    std::vector<uint8_t> w = random_weights(rng, dt, T * K);
+    std::vector<int32_t> row_of((size_t)(T * K)), row_of_core((size_t)(T * K));
+    for (size_t i = 0; i < row_of.size(); ++i) {
+        const int64_t kind = rng.below(10);
+        row_of[i] = kind == 0 ? -1 : kind == 1 ? (int32_t)(R + rng.below(4)) : R > 0 ? (int32_t)rng.below(R) : -1;
+        row_of_core[i] = row_of[i] < R ? row_of[i] : -1;
+    }
+    const size_t es = size_of(dt);
+    std::vector<uint8_t> want((size_t)(T * H) * es), got((size_t)(T * H) * es + misalign, 0xA5);
+    if (mok_combine(rows.data() + misalign, dt, R, H, row_of_core.data(), weighted ? w.data() : nullptr, K, 0, T,
+                    want.data()) != MOK_OK)
+        throw std::runtime_error("core combine");
+    mok_combine_args a;
+    a.rows = rows.data() + misalign;
+    a.dtype = dt;
+    a.R = R;
+    a.H = H;
+    a.T = T;
+    a.K = K;
+    a.row_of = row_of.data();
+    a.w = weighted ? w.data() : nullptr;
+    a.y = got.data() + misalign;
+    char label[200];
+    snprintf(label, sizeof label, "combine %s T=%lld H=%lld K=%lld R=%lld weighted=%d misalign=%zu device=%d",
+             name_of(dt), (long long)T, (long long)H, (long long)K, (long long)R, weighted, misalign, emu::device());
+    try {
+        expect(mok_rows::combine_run(&a, emulated) == 0, std::string(label) + " accepted");
+    } catch (const std::exception& e) {
+        expect(false, std::string(label) + ": " + e.what());
+        return;
+    }
+    expect(memcmp(got.data() + misalign, want.data(), want.size()) == 0, std::string(label) + " y");
+}
+
+/* combine_weight_grad: d_w [T, K] = dy[t] . rows[row_of[t, k]] */
+void weight_grad_case(Rng& rng, mok_dtype dt, int64_t T, int64_t H, int64_t K, int64_t R, size_t misalign) {
+    std::vector<uint8_t> dy = random_elements(rng, dt, T * H, misalign), rows = random_elements(rng, dt, R * H, misalign);
+    std::vector<int32_t> row_of((size_t)(T * K)), row_of_core((size_t)(T * K));
+    for (size_t i = 0; i < row_of.size(); ++i) {
+        const int64_t kind = rng.below(10);
+        row_of[i] = kind == 0 ? -1 : kind == 1 ? (int32_t)(R + rng.below(4)) : R > 0 ? (int32_t)rng.below(R) : -1;
+        row_of_core[i] = row_of[i] < R ? row_of[i] : -1;
+    }
+    const bool f64 = dt == MOK_F64;
+    const size_t ws = f64 ? 8 : 4;
+    std::vector<uint8_t> want((size_t)(T * K) * ws), got1(want.size(), 0xA5), got2(want.size(), 0x5A);
+    if (mok_combine_weight_grad(dy.data() + misalign, rows.data() + misalign, dt, H, row_of_core.data(), K, 0, T,
+                                want.data()) != MOK_OK)
+        throw std::runtime_error("core combine_weight_grad");
+    mok_combine_weight_grad_args a;
+    a.dy = dy.data() + misalign;
+    a.rows = rows.data() + misalign;
+    a.dtype = dt;
+    a.R = R;
+    a.H = H;
+    a.T = T;
+    a.K = K;
+    a.row_of = row_of.data();
+    char label[200];
+    snprintf(label, sizeof label, "combine_weight_grad %s T=%lld H=%lld K=%lld R=%lld misalign=%zu device=%d",
+             name_of(dt), (long long)T, (long long)H, (long long)K, (long long)R, misalign, emu::device());
+    try {
+        a.d_w = got1.data();
+        expect(mok_rows::combine_weight_grad_run(&a, emulated) == 0, std::string(label) + " accepted");
+        a.d_w = got2.data();
+        mok_rows::combine_weight_grad_run(&a, emulated);
+    } catch (const std::exception& e) {
+        expect(false, std::string(label) + ": " + e.what());
+        return;
+    }
+    expect(got1 == got2, std::string(label) + " deterministic");
+    /* within rounding of the serial sum: |got - want| <= 2 H eps sum |dy| |rows| (H <= a few hundred here) */
+    bool close = true;
+    for (int64_t i = 0; i < T * K; ++i) {
+        double g, v;
+        if (f64) {
+            memcpy(&g, got1.data() + 8 * i, 8);
+            memcpy(&v, want.data() + 8 * i, 8);
+        } else {
+            float gf, vf;
+            memcpy(&gf, got1.data() + 4 * i, 4);
+            memcpy(&vf, want.data() + 4 * i, 4);
+            g = gf;
+            v = vf;
+        }
+        const double eps = f64 ? 2.2e-16 : 1.2e-7;
+        close = close && std::fabs(g - v) <= 2.0 * (double)H * eps * 4.0 * (double)H + 1e-30;
+        if (row_of_core[(size_t)i] < 0) close = close && g == 0.0;
+    }
+    expect(close, std::string(label) + " d_w");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Rng rng{argc > 1 ? strtoull(argv[1], nullptr, 10) : 1};
+    for (int device : {0, 1}) { /* 132 SMs: a block per row / token; one SM: blocks take several */
+        emu::device() = device;
+        for (mok_dtype dt : {MOK_BF16, MOK_F16, MOK_F32, MOK_F64}) {
+            for (size_t misalign : {(size_t)0, size_of(dt)}) {
+                for (const auto& s : std::vector<std::array<int64_t, 4>>{
+                         {1, 8, 1, 1}, {5, 64, 2, 16}, {37, 40, 8, 300}, {20, 12, 4, 90}, {60, 264, 6, 400}}) {
+                    const int64_t T = s[0], H = s[1], K = s[2], R = s[3];
+                    for (bool weighted : {false, true}) {
+                        gather_case(rng, dt, T, H, K, R, weighted, 0, misalign);
+                        combine_case(rng, dt, T, H, K, std::max<int64_t>(R, 1), weighted, misalign);
+                    }
+                    for (int row_of_kind : {1, 2}) gather_case(rng, dt, T, H, K, R, false, row_of_kind, misalign);
+                    weight_grad_case(rng, dt, T, H, K, std::max<int64_t>(R, 1), misalign);
+                }
+            }
+        }
+        /* the token walk at its bounds (K = 4 and 32) and past them (3, 33: the row-per-block kernel) */
+        for (int64_t K : {3, 4, 32, 33}) {
+            gather_case(rng, MOK_BF16, 21, 24, K, 21 * K + 40, false, 1, 0);
+            gather_case(rng, MOK_BF16, 21, 24, K, 21 * K + 40, false, 2, 0);
+        }
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
