@@ -10,6 +10,7 @@
  *     plan_emu SEED     prints one line per failure and "N passed, N failed"
  */
 #include "cuda_emu.h"
+#include "emu_check.h"
 
 #include "plan/plan_build.cuh"
 #include "mok_core.h"
@@ -19,31 +20,19 @@
 
 namespace {
 
-struct Rng {
-    uint64_t s;
-    uint64_t next() {
-        s += 0x9E3779B97F4A7C15ull;
-        uint64_t z = s;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        return z ^ (z >> 31);
-    }
-    int64_t below(int64_t n) { return (int64_t)(next() % (uint64_t)n); }
-};
-
-int passed = 0, failed = 0;
+using emu::Rng;
 
 void expect_equal(const std::vector<int32_t>& got, const std::vector<int32_t>& want, const std::string& what) {
     size_t n = 0, first = got.size();
     for (size_t i = 0; i < got.size() && i < want.size(); ++i)
         if (got[i] != want[i] && n++ == 0) first = i;
     if (got.size() != want.size() || n) {
-        ++failed;
+        ++emu::failed();
         printf("FAIL %s: %zu of %zu differ", what.c_str(), n, want.size());
         if (n) printf(", first at %zu: got %d want %d", first, got[first], want[first]);
         printf("\n");
     } else {
-        ++passed;
+        ++emu::passed();
     }
 }
 
@@ -71,7 +60,7 @@ void run_case(Rng& rng, int64_t T, int64_t K, int64_t E, int64_t tile, Routing r
              (long long)T, (long long)K, (long long)E, (long long)tile, (int)routing, (long long)invalid, skip_invalid,
              (long long)spare);
     if (st != MOK_OK) {
-        ++failed;
+        ++emu::failed();
         printf("FAIL %s: the core returned %d\n", label, st);
         return;
     }
@@ -104,7 +93,7 @@ void run_case(Rng& rng, int64_t T, int64_t K, int64_t E, int64_t tile, Routing r
             emu::launch(grid, block, [&] { kernel(args...); });
         });
     } catch (const std::exception& e) {
-        ++failed;
+        ++emu::failed();
         printf("FAIL %s: %s\n", label, e.what());
         return;
     }
@@ -142,6 +131,5 @@ int main(int argc, char** argv) {
         run_case(rng, 600, 8, 128, 8, kOneExpert, 40, skip, 11);
         run_case(rng, 100, 3, 2000, 128, kFewExperts, 7, skip, 0);
     }
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return emu::finish();
 }

@@ -15,6 +15,7 @@
  *     quant_emu SEED     prints one line per failure and "N passed, N failed"
  */
 #include "cuda_emu.h"
+#include "emu_check.h"
 
 #include "quant/quantize_bf16_tile.cuh"
 #include "quant/swiglu_quantize_tile.cuh"
@@ -33,17 +34,7 @@
 
 namespace {
 
-struct Rng {
-    uint64_t s;
-    uint64_t next() {
-        s += 0x9E3779B97F4A7C15ull;
-        uint64_t z = s;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        return z ^ (z >> 31);
-    }
-    int below(int n) { return (int)(next() % (uint64_t)n); }
-};
+using emu::Rng;
 
 /* bf16 bits: row r gets an exponent centre of its own (so blocks see very different scales), some
  * rows are special (all zero, tiny, subnormal), and single NaN / Inf / saturating values land in
@@ -109,8 +100,6 @@ void core_quantize(Recipe r, const uint16_t* x, int64_t M, int64_t N, std::vecto
     if (st != MOK_OK) throw std::runtime_error("core quantisation failed");
 }
 
-int passed = 0, failed = 0;
-
 void expect_equal(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want, const std::string& what) {
     size_t first = got.size(), n = 0;
     for (size_t i = 0; i < got.size() && i < want.size(); ++i)
@@ -119,12 +108,12 @@ void expect_equal(const std::vector<uint8_t>& got, const std::vector<uint8_t>& w
             ++n;
         }
     if (got.size() != want.size() || n) {
-        ++failed;
+        ++emu::failed();
         printf("FAIL %s: %zu bytes differ (sizes %zu / %zu)", what.c_str(), n, got.size(), want.size());
         if (n) printf(", first at %zu: got %02x want %02x", first, got[first], want[first]);
         printf("\n");
     } else {
-        ++passed;
+        ++emu::passed();
     }
 }
 
@@ -145,7 +134,7 @@ bool launched(const char* label, unsigned grid, const std::function<void()>& ker
     try {
         emu::launch(grid, mok_qtile::kThreads, kernel);
     } catch (const std::exception& e) {
-        ++failed;
+        ++emu::failed();
         printf("FAIL %s: %s\n", label, e.what());
         return false;
     }
@@ -565,7 +554,7 @@ int main(int argc, char** argv) {
     run_case(rng, k128x128, false, 136, 96, 1);
     /* SwiGLU + quantisation: ragged R (the tile's rows past R), one and several 128-column blocks */
     const bool flags[][3] = {{true, true, false}, {true, false, true}, {false, true, true}, {true, true, true}};
-    for (int64_t R : {1, 16, 130, 1 + rng.below(300)})
+    for (int64_t R : {(int64_t)1, (int64_t)16, (int64_t)130, 1 + rng.below(300)})
         for (int64_t I : {128, 256})
             for (bool backward : {false, true})
                 for (const auto& f : flags) run_swiglu_case(rng, backward, f[0], f[1], f[2], R, I);
@@ -578,7 +567,7 @@ int main(int argc, char** argv) {
     /* the row-scaled form (v53): forward with both copies or the column-wise one (the row-wise alone is the
      * plain kernel), backward every combination; ragged R, one and several column tiles, the one node's
      * layouts */
-    for (int64_t R : {1, 16, 130, 1 + rng.below(300)})
+    for (int64_t R : {(int64_t)1, (int64_t)16, (int64_t)130, 1 + rng.below(300)})
         for (int64_t I : {128, 384}) {
             run_swiglu_case(rng, false, true, true, false, R, I, true, false, true);
             run_swiglu_case(rng, false, false, true, true, R, I, false, true, true);
@@ -604,7 +593,7 @@ int main(int argc, char** argv) {
      * every copy combination, the one node's layouts, the row-scaled form */
     for (int stream : {1, 2})
         for (unsigned grid : {1u, 2u, 3u})
-            for (int64_t R : {1, 130, 1 + rng.below(300)})
+            for (int64_t R : {(int64_t)1, (int64_t)130, 1 + rng.below(300)})
                 for (int64_t I : {128, 384}) {
                     for (const auto& f : flags)
                         run_swiglu_case(rng, false, f[0], f[1], f[2], R, I, false, false, false, stream, grid);
@@ -617,7 +606,7 @@ int main(int argc, char** argv) {
      * form (v56: the row scales through the ring, the d_gate items' partial sums) */
     for (int stream : {3, 4, 5, 6})
         for (unsigned grid : {1u, 2u, 3u, 5u})
-            for (int64_t R : {1, 130, 1 + rng.below(300)})
+            for (int64_t R : {(int64_t)1, (int64_t)130, 1 + rng.below(300)})
                 for (int64_t I : {128, 384}) {
                     for (const auto& f : flags)
                         run_swiglu_case(rng, true, f[0], f[1], f[2], R, I, false, false, false, stream, grid);
@@ -650,6 +639,5 @@ int main(int argc, char** argv) {
         run_qdq_case(rng, false, true, 256, 136, 1, kPlan, 50, 4, true, band);
         run_qdq_case(rng, true, false, 96, 77, 0, kNoPlan, 20, 8, true, band);
     }
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return emu::finish();
 }

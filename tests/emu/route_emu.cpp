@@ -11,6 +11,7 @@
  *     route_emu SEED     prints one line per failure and "N passed, N failed"
  */
 #include "cuda_emu.h"
+#include "emu_check.h"
 
 #include "route/route_topk.cuh"
 #include "mok_core.h"
@@ -20,27 +21,14 @@
 
 namespace {
 
-struct Rng {
-    uint64_t s;
-    uint64_t next() {
-        s += 0x9E3779B97F4A7C15ull;
-        uint64_t z = s;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        return z ^ (z >> 31);
-    }
-    int64_t below(int64_t n) { return (int64_t)(next() % (uint64_t)n); }
-    double uniform() { return (double)(next() >> 11) / 9007199254740992.0; }
-};
-
-int passed = 0, failed = 0;
+using emu::Rng;
 
 void expect_same_bytes(const void* got, const void* want, size_t bytes, const std::string& what) {
     if (memcmp(got, want, bytes) == 0) {
-        ++passed;
+        ++emu::passed();
         return;
     }
-    ++failed;
+    ++emu::failed();
     size_t i = 0;
     while (((const uint8_t*)got)[i] == ((const uint8_t*)want)[i]) ++i;
     printf("FAIL %s: first differing byte %zu of %zu\n", what.c_str(), i, bytes);
@@ -74,7 +62,7 @@ void run_case(Rng& rng, const Case& c) {
     std::vector<T> w((size_t)(c.T * c.K)), g_w((size_t)(c.T * c.K), (T)-7);
     if (mok_route_topk(logits.data(), c.bias ? bias.data() : nullptr, dt, c.T, c.E, c.K, c.score_func, c.n_group,
                        c.topk_group, c.renormalize, c.scaling, idx.data(), w.data()) != MOK_OK) {
-        ++failed;
+        ++emu::failed();
         printf("FAIL %s: the core refused the case\n", label);
         return;
     }
@@ -98,7 +86,7 @@ void run_case(Rng& rng, const Case& c) {
     try {
         emu::launch(route_grid<T>(c.T), route_cfg<T>::WARPS * 32, [&] { route_topk_kernel<T>(p); });
     } catch (const std::exception& e) {
-        ++failed;
+        ++emu::failed();
         printf("FAIL %s: %s\n", label, e.what());
         return;
     }
@@ -110,7 +98,7 @@ void run_case(Rng& rng, const Case& c) {
     for (auto& v : gw) v = (T)((rng.uniform() - 0.5) * 2.0);
     if (mok_route_topk_backward(gw.data(), logits.data(), idx.data(), dt, c.T, c.E, c.K, c.score_func, c.renormalize,
                                 c.scaling, dl.data()) != MOK_OK) {
-        ++failed;
+        ++emu::failed();
         printf("FAIL %s: the core refused the backward\n", label);
         return;
     }
@@ -124,7 +112,7 @@ void run_case(Rng& rng, const Case& c) {
     try {
         emu::launch(route_grid<T>(c.T), route_cfg<T>::WARPS * 32, [&] { route_topk_backward_kernel<T>(p); });
     } catch (const std::exception& e) {
-        ++failed;
+        ++emu::failed();
         printf("FAIL %s backward: %s\n", label, e.what());
         return;
     }
@@ -165,6 +153,5 @@ int main(int argc, char** argv) {
         run_case<float>(rng, random_case(T, 16, 3, 16, 5));
         run_case<float>(rng, random_case(T, 96, 7, 4, 4));
     }
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return emu::finish();
 }

@@ -11,6 +11,7 @@
  *     rows_emu SEED     prints one line per failure and "N passed, N failed"
  */
 #include "cuda_emu.h"
+#include "emu_check.h"
 
 #include "rows/rows.cuh"
 #include "mok_core.h"
@@ -23,29 +24,7 @@
 
 namespace {
 
-struct Rng {
-    uint64_t s;
-    uint64_t next() {
-        s += 0x9E3779B97F4A7C15ull;
-        uint64_t z = s;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        return z ^ (z >> 31);
-    }
-    int64_t below(int64_t n) { return (int64_t)(next() % (uint64_t)n); }
-    double uniform() { return (double)(next() >> 11) / 9007199254740992.0; }
-};
-
-int passed = 0, failed = 0;
-
-void expect(bool ok, const std::string& what) {
-    if (ok) {
-        ++passed;
-    } else {
-        ++failed;
-        printf("FAIL %s\n", what.c_str());
-    }
-}
+using emu::Rng;
 
 /* storage bytes per element, and random elements of dt (values in [-2, 2)) as bytes */
 size_t size_of(mok_dtype dt) { return dt == MOK_F64 ? 8 : dt == MOK_F32 ? 4 : 2; }
@@ -93,6 +72,16 @@ auto emulated = [](auto kernel, unsigned grid, unsigned block, auto... args) {
     emu::launch(grid, block, [&] { kernel(args...); });
 };
 
+/* Runs one operation's launches: false (a failure counted) when it refused its arguments or a launch broke. */
+template <class Run>
+bool ran(const std::string& label, Run&& run) {
+    try {
+        return emu::expect(run() == 0, label + " accepted");
+    } catch (const std::exception& e) {
+        return emu::expect(false, label + ": " + e.what());
+    }
+}
+
 /* gather: R rows of x [T, H] by src_of_row (padding -1, some past T * K), weighted or not; with_row_of: the
  * inverse map given as the layers give it (consistent) or as garbage (the result must be the same) */
 void gather_case(Rng& rng, mok_dtype dt, int64_t T, int64_t H, int64_t K, int64_t R, bool weighted, int row_of_kind,
@@ -134,25 +123,28 @@ void gather_case(Rng& rng, mok_dtype dt, int64_t T, int64_t H, int64_t K, int64_
     snprintf(label, sizeof label, "gather %s T=%lld H=%lld K=%lld R=%lld weighted=%d row_of=%d misalign=%zu device=%d",
              name_of(dt), (long long)T, (long long)H, (long long)K, (long long)R, weighted, row_of_kind, misalign,
              emu::device());
-    try {
-        expect(mok_rows::gather_rows_run(&a, emulated) == 0, std::string(label) + " accepted");
-    } catch (const std::exception& e) {
-        expect(false, std::string(label) + ": " + e.what());
-        return;
+    if (!ran(label, [&] { return mok_rows::gather_rows_run(&a, emulated); })) return;
+    emu::expect(memcmp(got.data() + misalign, want.data(), want.size()) == 0, std::string(label) + " out");
+}
+
+/* row_of [n] for combine and its weight gradient: rows of [0, R), some -1 and some past R (skipped on the GPU);
+ * core: the same with past-R entries as -1 (the core refuses them) */
+void random_row_of(Rng& rng, int64_t n, int64_t R, std::vector<int32_t>& row_of, std::vector<int32_t>& core) {
+    row_of.resize((size_t)n);
+    core.resize((size_t)n);
+    for (size_t i = 0; i < row_of.size(); ++i) {
+        const int64_t kind = rng.below(10);
+        row_of[i] = kind == 0 ? -1 : kind == 1 ? (int32_t)(R + rng.below(4)) : R > 0 ? (int32_t)rng.below(R) : -1;
+        core[i] = row_of[i] < R ? row_of[i] : -1;
     }
-    expect(memcmp(got.data() + misalign, want.data(), want.size()) == 0, std::string(label) + " out");
 }
 
 /* combine: y [T, H] from rows [R, H] by row_of (-1 and past-R entries skipped), weighted or not */
 void combine_case(Rng& rng, mok_dtype dt, int64_t T, int64_t H, int64_t K, int64_t R, bool weighted, size_t misalign) {
     std::vector<uint8_t> rows = random_elements(rng, dt, R * H, misalign);
     std::vector<uint8_t> w = random_weights(rng, dt, T * K);
-    std::vector<int32_t> row_of((size_t)(T * K)), row_of_core((size_t)(T * K));
-    for (size_t i = 0; i < row_of.size(); ++i) {
-        const int64_t kind = rng.below(10);
-        row_of[i] = kind == 0 ? -1 : kind == 1 ? (int32_t)(R + rng.below(4)) : R > 0 ? (int32_t)rng.below(R) : -1;
-        row_of_core[i] = row_of[i] < R ? row_of[i] : -1;
-    }
+    std::vector<int32_t> row_of, row_of_core;
+    random_row_of(rng, T * K, R, row_of, row_of_core);
     const size_t es = size_of(dt);
     std::vector<uint8_t> want((size_t)(T * H) * es), got((size_t)(T * H) * es + misalign, 0xA5);
     if (mok_combine(rows.data() + misalign, dt, R, H, row_of_core.data(), weighted ? w.data() : nullptr, K, 0, T,
@@ -171,24 +163,15 @@ void combine_case(Rng& rng, mok_dtype dt, int64_t T, int64_t H, int64_t K, int64
     char label[200];
     snprintf(label, sizeof label, "combine %s T=%lld H=%lld K=%lld R=%lld weighted=%d misalign=%zu device=%d",
              name_of(dt), (long long)T, (long long)H, (long long)K, (long long)R, weighted, misalign, emu::device());
-    try {
-        expect(mok_rows::combine_run(&a, emulated) == 0, std::string(label) + " accepted");
-    } catch (const std::exception& e) {
-        expect(false, std::string(label) + ": " + e.what());
-        return;
-    }
-    expect(memcmp(got.data() + misalign, want.data(), want.size()) == 0, std::string(label) + " y");
+    if (!ran(label, [&] { return mok_rows::combine_run(&a, emulated); })) return;
+    emu::expect(memcmp(got.data() + misalign, want.data(), want.size()) == 0, std::string(label) + " y");
 }
 
 /* combine_weight_grad: d_w [T, K] = dy[t] . rows[row_of[t, k]] */
 void weight_grad_case(Rng& rng, mok_dtype dt, int64_t T, int64_t H, int64_t K, int64_t R, size_t misalign) {
     std::vector<uint8_t> dy = random_elements(rng, dt, T * H, misalign), rows = random_elements(rng, dt, R * H, misalign);
-    std::vector<int32_t> row_of((size_t)(T * K)), row_of_core((size_t)(T * K));
-    for (size_t i = 0; i < row_of.size(); ++i) {
-        const int64_t kind = rng.below(10);
-        row_of[i] = kind == 0 ? -1 : kind == 1 ? (int32_t)(R + rng.below(4)) : R > 0 ? (int32_t)rng.below(R) : -1;
-        row_of_core[i] = row_of[i] < R ? row_of[i] : -1;
-    }
+    std::vector<int32_t> row_of, row_of_core;
+    random_row_of(rng, T * K, R, row_of, row_of_core);
     const bool f64 = dt == MOK_F64;
     const size_t ws = f64 ? 8 : 4;
     std::vector<uint8_t> want((size_t)(T * K) * ws), got1(want.size(), 0xA5), got2(want.size(), 0x5A);
@@ -207,16 +190,11 @@ void weight_grad_case(Rng& rng, mok_dtype dt, int64_t T, int64_t H, int64_t K, i
     char label[200];
     snprintf(label, sizeof label, "combine_weight_grad %s T=%lld H=%lld K=%lld R=%lld misalign=%zu device=%d",
              name_of(dt), (long long)T, (long long)H, (long long)K, (long long)R, misalign, emu::device());
-    try {
-        a.d_w = got1.data();
-        expect(mok_rows::combine_weight_grad_run(&a, emulated) == 0, std::string(label) + " accepted");
-        a.d_w = got2.data();
-        mok_rows::combine_weight_grad_run(&a, emulated);
-    } catch (const std::exception& e) {
-        expect(false, std::string(label) + ": " + e.what());
-        return;
-    }
-    expect(got1 == got2, std::string(label) + " deterministic");
+    a.d_w = got1.data();
+    if (!ran(label, [&] { return mok_rows::combine_weight_grad_run(&a, emulated); })) return;
+    a.d_w = got2.data();
+    if (!ran(std::string(label) + " again", [&] { return mok_rows::combine_weight_grad_run(&a, emulated); })) return;
+    emu::expect(got1 == got2, std::string(label) + " deterministic");
     /* within rounding of the serial sum: |got - want| <= 2 H eps sum |dy| |rows| (H <= a few hundred here) */
     bool close = true;
     for (int64_t i = 0; i < T * K; ++i) {
@@ -235,7 +213,7 @@ void weight_grad_case(Rng& rng, mok_dtype dt, int64_t T, int64_t H, int64_t K, i
         close = close && std::fabs(g - v) <= 2.0 * (double)H * eps * 4.0 * (double)H + 1e-30;
         if (row_of_core[(size_t)i] < 0) close = close && g == 0.0;
     }
-    expect(close, std::string(label) + " d_w");
+    emu::expect(close, std::string(label) + " d_w");
 }
 
 }  // namespace
@@ -264,6 +242,5 @@ int main(int argc, char** argv) {
             gather_case(rng, MOK_BF16, 21, 24, K, 21 * K + 40, false, 2, 0);
         }
     }
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return emu::finish();
 }
