@@ -1,7 +1,7 @@
 /*
- * A small CPU emulation of the CUDA features that mok's bf16 quantisation tile kernels and its routing plan's
+ * A small CPU emulation of the CUDA features that mok's quantisation, routing, plan, row and SwiGLU
  * kernels use, so that their indexing, shuffles, barriers and shared-memory layouts can be tested where there
- * is no GPU (tests/test_fp8_emu.py, tests/test_plan_emu.py). Include it before any kernel header and compile
+ * is no GPU (tests/test_*_emu.py). Include it before any kernel header and compile
  * with a host C++ compiler against the CUDA toolkit's headers.
  *
  * Every thread of a CTA is a coroutine (ucontext) on one OS thread; CTAs run one after another.
