@@ -52,8 +52,6 @@ extern "C" int mok_plan_build_cuda(const struct mok_plan_build_args* args, cudaS
     p.ws = (int32_t*)args->workspace;
     p.error_flag = args->error_flag;
 
-    plan_build_launches(p, [&](auto kernel, unsigned grid, unsigned block, auto... kernel_args) {
-        kernel<<<grid, block, 0, stream>>>(kernel_args...);
-    });
+    plan_build_launches(p, mok_on_stream(stream));
     return mok_launch_status();
 }

@@ -51,6 +51,20 @@ static inline int mok_launch_status(void) {
     return err == cudaSuccess ? 0 : (int)err;
 }
 
+/* A kernel family's run (rows/rows.cuh's *_run, say: its checks and its launches): its argument error, or, once
+ * it has launched, the launches' status. */
+static inline int mok_run_status(int run) { return run != 0 ? run : mok_launch_status(); }
+
+#ifdef __CUDACC__
+/* launch(kernel, grid, block, kernel arguments...) as <<<grid, block, 0, stream>>>: what the launchers hand a
+ * family's *_run / *_launches (the CPU emulation, tests/emu/, hands them one that runs every CTA). */
+inline auto mok_on_stream(cudaStream_t stream) {
+    return [stream](auto kernel, unsigned grid, unsigned block, auto... kernel_args) {
+        kernel<<<grid, block, 0, stream>>>(kernel_args...);
+    };
+}
+#endif
+
 /* Number of SMs of the current device, queried once per device and cached.
  * NOTE: the cache is a plain static array; concurrent first calls store the same value. */
 static inline int mok_num_sms(void) {
