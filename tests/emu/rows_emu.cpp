@@ -13,6 +13,7 @@
 #include "cuda_emu.h"
 #include "emu_check.h"
 
+#include "emu_ops.h"
 #include "rows/rows.cuh"
 #include "mok_core.h"
 
@@ -26,60 +27,23 @@ namespace {
 
 using emu::Rng;
 
-/* storage bytes per element, and random elements of dt (values in [-2, 2)) as bytes */
-size_t size_of(mok_dtype dt) { return dt == MOK_F64 ? 8 : dt == MOK_F32 ? 4 : 2; }
-const char* name_of(mok_dtype dt) {
-    return dt == MOK_BF16 ? "bf16" : dt == MOK_F16 ? "f16" : dt == MOK_F32 ? "f32" : "f64";
-}
+using emu::acc_bytes;
+using emu::acc_at;
+using emu::emulated;
+using emu::name_of;
+using emu::ran;
+using emu::size_of;
 
+/* elements of dt in [-2, 2) */
 std::vector<uint8_t> random_elements(Rng& rng, mok_dtype dt, int64_t n, size_t pad) {
-    std::vector<uint8_t> b((size_t)n * size_of(dt) + pad, 0);
-    for (int64_t i = 0; i < n; ++i) {
-        const double v = rng.uniform() * 4.0 - 2.0;
-        uint8_t* at = b.data() + pad + (size_t)i * size_of(dt);
-        if (dt == MOK_F64) {
-            memcpy(at, &v, 8);
-        } else if (dt == MOK_F32) {
-            const float f = (float)v;
-            memcpy(at, &f, 4);
-        } else if (dt == MOK_BF16) {
-            const uint16_t h = __bfloat16_as_ushort(__float2bfloat16((float)v));
-            memcpy(at, &h, 2);
-        } else {
-            const uint16_t h = __half_as_ushort(__float2half((float)v));
-            memcpy(at, &h, 2);
-        }
-    }
-    return b;
+    return emu::random_elements(rng, dt, n, pad, -2.0, 2.0);
 }
 
-/* weights in the accumulation type (double for f64, else float) */
+/* weights in the accumulation type, in [-0.5, 1.5) */
 std::vector<uint8_t> random_weights(Rng& rng, mok_dtype dt, int64_t n) {
-    std::vector<uint8_t> b((size_t)n * (dt == MOK_F64 ? 8 : 4));
-    for (int64_t i = 0; i < n; ++i) {
-        const double v = rng.uniform() * 2.0 - 0.5;
-        if (dt == MOK_F64) memcpy(b.data() + 8 * i, &v, 8);
-        else {
-            const float f = (float)v;
-            memcpy(b.data() + 4 * i, &f, 4);
-        }
-    }
-    return b;
-}
-
-/* launch(kernel, grid, block, args...) as one emulated grid */
-auto emulated = [](auto kernel, unsigned grid, unsigned block, auto... args) {
-    emu::launch(grid, block, [&] { kernel(args...); });
-};
-
-/* Runs one operation's launches: false (a failure counted) when it refused its arguments or a launch broke. */
-template <class Run>
-bool ran(const std::string& label, Run&& run) {
-    try {
-        return emu::expect(run() == 0, label + " accepted");
-    } catch (const std::exception& e) {
-        return emu::expect(false, label + ": " + e.what());
-    }
+    std::vector<double> v((size_t)n);
+    for (auto& x : v) x = rng.uniform() * 2.0 - 0.5;
+    return acc_bytes(v, dt);
 }
 
 /* gather: R rows of x [T, H] by src_of_row (padding -1, some past T * K), weighted or not; with_row_of: the
@@ -123,7 +87,7 @@ void gather_case(Rng& rng, mok_dtype dt, int64_t T, int64_t H, int64_t K, int64_
     snprintf(label, sizeof label, "gather %s T=%lld H=%lld K=%lld R=%lld weighted=%d row_of=%d misalign=%zu device=%d",
              name_of(dt), (long long)T, (long long)H, (long long)K, (long long)R, weighted, row_of_kind, misalign,
              emu::device());
-    if (!ran(label, [&] { return mok_rows::gather_rows_run(&a, emulated); })) return;
+    if (!ran(label, [&] { return mok_rows::gather_rows_run(&a, emulated()); })) return;
     emu::expect(memcmp(got.data() + misalign, want.data(), want.size()) == 0, std::string(label) + " out");
 }
 
@@ -163,7 +127,7 @@ void combine_case(Rng& rng, mok_dtype dt, int64_t T, int64_t H, int64_t K, int64
     char label[200];
     snprintf(label, sizeof label, "combine %s T=%lld H=%lld K=%lld R=%lld weighted=%d misalign=%zu device=%d",
              name_of(dt), (long long)T, (long long)H, (long long)K, (long long)R, weighted, misalign, emu::device());
-    if (!ran(label, [&] { return mok_rows::combine_run(&a, emulated); })) return;
+    if (!ran(label, [&] { return mok_rows::combine_run(&a, emulated()); })) return;
     emu::expect(memcmp(got.data() + misalign, want.data(), want.size()) == 0, std::string(label) + " y");
 }
 
@@ -191,24 +155,14 @@ void weight_grad_case(Rng& rng, mok_dtype dt, int64_t T, int64_t H, int64_t K, i
     snprintf(label, sizeof label, "combine_weight_grad %s T=%lld H=%lld K=%lld R=%lld misalign=%zu device=%d",
              name_of(dt), (long long)T, (long long)H, (long long)K, (long long)R, misalign, emu::device());
     a.d_w = got1.data();
-    if (!ran(label, [&] { return mok_rows::combine_weight_grad_run(&a, emulated); })) return;
+    if (!ran(label, [&] { return mok_rows::combine_weight_grad_run(&a, emulated()); })) return;
     a.d_w = got2.data();
-    if (!ran(std::string(label) + " again", [&] { return mok_rows::combine_weight_grad_run(&a, emulated); })) return;
+    if (!ran(std::string(label) + " again", [&] { return mok_rows::combine_weight_grad_run(&a, emulated()); })) return;
     emu::expect(got1 == got2, std::string(label) + " deterministic");
     /* within rounding of the serial sum: |got - want| <= 2 H eps sum |dy| |rows| (H <= a few hundred here) */
     bool close = true;
     for (int64_t i = 0; i < T * K; ++i) {
-        double g, v;
-        if (f64) {
-            memcpy(&g, got1.data() + 8 * i, 8);
-            memcpy(&v, want.data() + 8 * i, 8);
-        } else {
-            float gf, vf;
-            memcpy(&gf, got1.data() + 4 * i, 4);
-            memcpy(&vf, want.data() + 4 * i, 4);
-            g = gf;
-            v = vf;
-        }
+        const double g = acc_at(got1, dt, i), v = acc_at(want, dt, i);
         const double eps = f64 ? 2.2e-16 : 1.2e-7;
         close = close && std::fabs(g - v) <= 2.0 * (double)H * eps * 4.0 * (double)H + 1e-30;
         if (row_of_core[(size_t)i] < 0) close = close && g == 0.0;

@@ -13,6 +13,7 @@
 #include "cuda_emu.h"
 #include "emu_check.h"
 
+#include "emu_ops.h"
 #include "swiglu/swiglu_kernels.cuh"
 #include "mok_core.h"
 
@@ -24,42 +25,16 @@ namespace {
 
 using emu::Rng;
 
-size_t size_of(mok_dtype dt) { return dt == MOK_F64 ? 8 : dt == MOK_F32 ? 4 : 2; }
-const char* name_of(mok_dtype dt) {
-    return dt == MOK_BF16 ? "bf16" : dt == MOK_F16 ? "f16" : dt == MOK_F32 ? "f32" : "f64";
-}
+using emu::acc_at;
+using emu::acc_bytes;
+using emu::emulated;
+using emu::name_of;
+using emu::ran;
+using emu::size_of;
 
-/* n random elements of dt in [-6, 6) (the sigmoid's whole range matters) as bytes, `pad` bytes in front */
+/* elements of dt in [-6, 6): the sigmoid's whole range matters */
 std::vector<uint8_t> random_elements(Rng& rng, mok_dtype dt, int64_t n, size_t pad) {
-    std::vector<uint8_t> b((size_t)n * size_of(dt) + pad, 0);
-    for (int64_t i = 0; i < n; ++i) {
-        const double v = rng.uniform() * 12.0 - 6.0;
-        uint8_t* at = b.data() + pad + (size_t)i * size_of(dt);
-        if (dt == MOK_F64) {
-            memcpy(at, &v, 8);
-        } else if (dt == MOK_F32) {
-            const float f = (float)v;
-            memcpy(at, &f, 4);
-        } else {
-            const uint16_t h = dt == MOK_BF16 ? __bfloat16_as_ushort(__float2bfloat16((float)v))
-                                              : __half_as_ushort(__float2half((float)v));
-            memcpy(at, &h, 2);
-        }
-    }
-    return b;
-}
-
-auto emulated = [](auto kernel, unsigned grid, unsigned block, auto... args) {
-    emu::launch(grid, block, [&] { kernel(args...); });
-};
-
-template <class Run>
-bool ran(const std::string& label, Run&& run) {
-    try {
-        return emu::expect(run() == 0, label + " accepted");
-    } catch (const std::exception& e) {
-        return emu::expect(false, label + ": " + e.what());
-    }
+    return emu::random_elements(rng, dt, n, pad, -6.0, 6.0);
 }
 
 void plain_case(Rng& rng, mok_dtype dt, int64_t R, int64_t I, bool backward, size_t misalign) {
@@ -81,8 +56,8 @@ void plain_case(Rng& rng, mok_dtype dt, int64_t R, int64_t I, bool backward, siz
     snprintf(label, sizeof label, "swiglu %s %s R=%lld I=%lld misalign=%zu device=%d", backward ? "backward" : "forward",
              name_of(dt), (long long)R, (long long)I, misalign, emu::device());
     if (!ran(label, [&] {
-            return backward ? mok_swiglu_rows::swiglu_backward_run(&a, emulated)
-                            : mok_swiglu_rows::swiglu_forward_run(&a, emulated);
+            return backward ? mok_swiglu_rows::swiglu_backward_run(&a, emulated())
+                            : mok_swiglu_rows::swiglu_forward_run(&a, emulated());
         }))
         return;
     emu::expect(memcmp(got.data() + misalign, want.data(), want.size()) == 0, std::string(label) + " out");
@@ -92,15 +67,9 @@ void scaled_case(Rng& rng, mok_dtype dt, int64_t R, int64_t I, size_t misalign) 
     const size_t es = size_of(dt), as = dt == MOK_F64 ? 8 : 4;
     const int64_t n_pairs = R + 3;
     std::vector<uint8_t> h = random_elements(rng, dt, R * 2 * I, misalign), dz = random_elements(rng, dt, R * I, misalign);
-    std::vector<uint8_t> w((size_t)n_pairs * as);
-    for (int64_t i = 0; i < n_pairs; ++i) {
-        const double v = i % 5 == 2 ? 0.0 : rng.uniform() * 2.0;
-        if (dt == MOK_F64) memcpy(w.data() + 8 * i, &v, 8);
-        else {
-            const float f = (float)v;
-            memcpy(w.data() + 4 * i, &f, 4);
-        }
-    }
+    std::vector<double> wv((size_t)n_pairs);
+    for (size_t i = 0; i < wv.size(); ++i) wv[i] = i % 5 == 2 ? 0.0 : rng.uniform() * 2.0;
+    const std::vector<uint8_t> w = acc_bytes(wv, dt);
     std::vector<int32_t> src((size_t)R), src_core((size_t)R);
     for (int64_t r = 0; r < R; ++r) {
         const int64_t kind = rng.below(8);
@@ -128,9 +97,9 @@ void scaled_case(Rng& rng, mok_dtype dt, int64_t R, int64_t I, size_t misalign) 
     snprintf(label, sizeof label, "swiglu scaled backward %s R=%lld I=%lld misalign=%zu device=%d", name_of(dt),
              (long long)R, (long long)I, misalign, emu::device());
     a.d_s = ds1.data();
-    if (!ran(label, [&] { return mok_swiglu_rows::swiglu_scaled_backward_run(&a, emulated); })) return;
+    if (!ran(label, [&] { return mok_swiglu_rows::swiglu_scaled_backward_run(&a, emulated()); })) return;
     a.d_s = ds2.data();
-    if (!ran(std::string(label) + " again", [&] { return mok_swiglu_rows::swiglu_scaled_backward_run(&a, emulated); }))
+    if (!ran(std::string(label) + " again", [&] { return mok_swiglu_rows::swiglu_scaled_backward_run(&a, emulated()); }))
         return;
     const std::string l(label);
     emu::expect(memcmp(dh.data() + misalign, dh_want.data(), dh_want.size()) == 0, l + " d_h");
@@ -138,17 +107,7 @@ void scaled_case(Rng& rng, mok_dtype dt, int64_t R, int64_t I, size_t misalign) 
     emu::expect(ds1 == ds2, l + " d_s deterministic");
     bool close = true; /* |d_s| <= I * 6 * max |act|: within 2 I eps of that */
     for (int64_t r = 0; r < R; ++r) {
-        double g, v;
-        if (dt == MOK_F64) {
-            memcpy(&g, ds1.data() + 8 * r, 8);
-            memcpy(&v, ds_want.data() + 8 * r, 8);
-        } else {
-            float gf, vf;
-            memcpy(&gf, ds1.data() + 4 * r, 4);
-            memcpy(&vf, ds_want.data() + 4 * r, 4);
-            g = gf;
-            v = vf;
-        }
+        const double g = acc_at(ds1, dt, r), v = acc_at(ds_want, dt, r);
         const double eps = dt == MOK_F64 ? 2.2e-16 : 1.2e-7;
         close = close && std::fabs(g - v) <= 2.0 * (double)I * eps * (double)I * 6.0 * 36.0;
     }
