@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include <string>
+#include <vector>
 
 namespace emu {
 
@@ -46,6 +47,26 @@ inline bool expect(bool ok, const std::string& what) {
         printf("FAIL %s\n", what.c_str());
     }
     return ok;
+}
+
+/* `bytes` bytes of got and want the same: counted; a failure says how many differ and the first of them. */
+inline bool expect_same_bytes(const void* got, const void* want, size_t bytes, const std::string& what) {
+    const uint8_t *g = (const uint8_t*)got, *w = (const uint8_t*)want;
+    size_t n = 0, first = 0;
+    for (size_t i = 0; i < bytes; ++i)
+        if (g[i] != w[i] && n++ == 0) first = i;
+    if (n == 0) return expect(true, what);
+    char detail[96];
+    snprintf(detail, sizeof detail, ": %zu of %zu bytes differ, first at %zu: got %02x want %02x", n, bytes, first,
+             g[first], w[first]);
+    return expect(false, what + detail);
+}
+
+/* two vectors the same, sizes included */
+template <typename T>
+inline bool expect_same(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
+    if (got.size() != want.size()) return expect(false, what + ": sizes differ");
+    return expect_same_bytes(got.data(), want.data(), got.size() * sizeof(T), what);
 }
 
 /* main()'s last line and exit status */

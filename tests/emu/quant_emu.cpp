@@ -100,23 +100,6 @@ void core_quantize(Recipe r, const uint16_t* x, int64_t M, int64_t N, std::vecto
     if (st != MOK_OK) throw std::runtime_error("core quantisation failed");
 }
 
-void expect_equal(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want, const std::string& what) {
-    size_t first = got.size(), n = 0;
-    for (size_t i = 0; i < got.size() && i < want.size(); ++i)
-        if (got[i] != want[i]) {
-            if (first == got.size()) first = i;
-            ++n;
-        }
-    if (got.size() != want.size() || n) {
-        ++emu::failed();
-        printf("FAIL %s: %zu bytes differ (sizes %zu / %zu)", what.c_str(), n, got.size(), want.size());
-        if (n) printf(", first at %zu: got %02x want %02x", first, got[first], want[first]);
-        printf("\n");
-    } else {
-        ++emu::passed();
-    }
-}
-
 /* codes q and scales s of a kernel against the core's quantisation of x [M, N] (`what`: "" or
  * " transposed" in the labels). */
 void expect_core_quantization(Recipe r, const std::vector<uint16_t>& x, int64_t M, int64_t N,
@@ -124,8 +107,8 @@ void expect_core_quantization(Recipe r, const std::vector<uint16_t>& x, int64_t 
                               const char* what) {
     std::vector<uint8_t> wq, ws;
     core_quantize(r, x.data(), M, N, wq, ws);
-    expect_equal(q, wq, label + what + " codes");
-    expect_equal(s, ws, label + what + " scales");
+    emu::expect_same(q, wq, label + what + " codes");
+    emu::expect_same(s, ws, label + what + " scales");
 }
 
 /* Runs a kernel launch under the emulation; a failure (a divergent shuffle, a stuck barrier) is
@@ -347,24 +330,24 @@ void run_qdq_case(Rng& rng, bool rows, bool cols, int64_t M, int64_t N, int offs
         return std::vector<uint8_t>((const uint8_t*)v.data(), (const uint8_t*)v.data() + v.size() * 2);
     };
     if (plan == kBadPlan && cols) { /* reported, nothing written (not the row-wise copy either) */
-        expect_equal({(uint8_t)(error_word == (int32_t)MOK_DEVICE_ERR_UNALIGNED_PLAN)}, {1}, std::string(label) + " error word");
+        emu::expect(error_word == (int32_t)MOK_DEVICE_ERR_UNALIGNED_PLAN, std::string(label) + " error word");
         std::vector<uint16_t> poison((size_t)(M * N), 0xA5A5);
-        if (rows) expect_equal(bytes(y_rows), bytes(poison), std::string(label) + " rows untouched");
-        expect_equal(bytes(y_cols), bytes(poison), std::string(label) + " cols untouched");
+        if (rows) emu::expect_same(bytes(y_rows), bytes(poison), std::string(label) + " rows untouched");
+        emu::expect_same(bytes(y_cols), bytes(poison), std::string(label) + " cols untouched");
         return;
     }
-    expect_equal({(uint8_t)error_word}, {0}, std::string(label) + " error word");
+    emu::expect(error_word == 0, std::string(label) + " error word");
     if (rows) {
         std::vector<uint16_t> want((size_t)(M * N));
         if (mok_qdq_mxfp8_rows(x_rows.data(), M, N, 0, M, want.data()) != MOK_OK) throw std::runtime_error("core qdq rows");
-        expect_equal(bytes(y_rows), bytes(want), std::string(label) + " rows");
+        emu::expect_same(bytes(y_rows), bytes(want), std::string(label) + " rows");
     }
     if (cols) {
         std::vector<uint16_t> want((size_t)(M * N));
         if (mok_qdq_mxfp8_cols(x_rows.data(), M, N, offsets.empty() ? nullptr : offsets.data(), E, 0, N, want.data()) !=
             MOK_OK)
             throw std::runtime_error("core qdq cols");
-        expect_equal(bytes(y_cols), bytes(want), std::string(label) + " cols");
+        emu::expect_same(bytes(y_cols), bytes(want), std::string(label) + " cols");
     }
 }
 
@@ -480,7 +463,7 @@ void run_swiglu_case(Rng& rng, bool backward, bool rows, bool cols, bool keep, i
         else swiglu_kernel<false, false, true, false>(stream, a, sw);
     });
     if (!ok) return;
-    if (keep) expect_equal(bf16_bytes_nan_as_one(out), bf16_bytes_nan_as_one(y), std::string(label) + " bf16 result");
+    if (keep) emu::expect_same(bf16_bytes_nan_as_one(out), bf16_bytes_nan_as_one(y), std::string(label) + " bf16 result");
     if (rows) expect_core_quantization(k1x128, y, R, N, q, s, label, "");
     if (cols && mn) st = transpose_bytes(st, cdiv(R, 128), col_tile ? cdiv(N, 128) : N, 4);
     const std::vector<uint16_t>& col_src = scaled && !backward ? z : y;
@@ -494,7 +477,7 @@ void run_swiglu_case(Rng& rng, bool backward, bool rows, bool cols, bool keep, i
             memcpy(&got[4 * i], &g, 4);
             memcpy(&want[4 * i], &w, 4);
         }
-        expect_equal(got, want, std::string(label) + " d_s partial sums");
+        emu::expect_same(got, want, std::string(label) + " d_s partial sums");
     }
 }
 

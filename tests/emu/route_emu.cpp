@@ -23,17 +23,6 @@ namespace {
 
 using emu::Rng;
 
-void expect_same_bytes(const void* got, const void* want, size_t bytes, const std::string& what) {
-    if (memcmp(got, want, bytes) == 0) {
-        ++emu::passed();
-        return;
-    }
-    ++emu::failed();
-    size_t i = 0;
-    while (((const uint8_t*)got)[i] == ((const uint8_t*)want)[i]) ++i;
-    printf("FAIL %s: first differing byte %zu of %zu\n", what.c_str(), i, bytes);
-}
-
 struct Case {
     int64_t T, E, K, n_group, topk_group;
     int score_func, renormalize, device; /* device 1: one SM, so warps take several tokens */
@@ -90,8 +79,8 @@ void run_case(Rng& rng, const Case& c) {
         printf("FAIL %s: %s\n", label, e.what());
         return;
     }
-    expect_same_bytes(g_idx.data(), idx.data(), idx.size() * 4, l + " topk_idx");
-    expect_same_bytes(g_w.data(), w.data(), w.size() * sizeof(T), l + " topk_w");
+    emu::expect_same_bytes(g_idx.data(), idx.data(), idx.size() * 4, l + " topk_idx");
+    emu::expect_same_bytes(g_w.data(), w.data(), w.size() * sizeof(T), l + " topk_w");
 
     /* backward for the core's selection, with random gradients of the weights */
     std::vector<T> gw((size_t)(c.T * c.K)), dl((size_t)(c.T * c.E)), g_dl((size_t)(c.T * c.E), (T)-7);
@@ -116,7 +105,7 @@ void run_case(Rng& rng, const Case& c) {
         printf("FAIL %s backward: %s\n", label, e.what());
         return;
     }
-    expect_same_bytes(g_dl.data(), dl.data(), dl.size() * sizeof(T), l + " grad_logits");
+    emu::expect_same_bytes(g_dl.data(), dl.data(), dl.size() * sizeof(T), l + " grad_logits");
 }
 
 }  // namespace

@@ -88,7 +88,7 @@ void gather_case(Rng& rng, mok_dtype dt, int64_t T, int64_t H, int64_t K, int64_
              name_of(dt), (long long)T, (long long)H, (long long)K, (long long)R, weighted, row_of_kind, misalign,
              emu::device());
     if (!ran(label, [&] { return mok_rows::gather_rows_run(&a, emulated()); })) return;
-    emu::expect(memcmp(got.data() + misalign, want.data(), want.size()) == 0, std::string(label) + " out");
+    emu::expect_same_bytes(got.data() + misalign, want.data(), want.size(), std::string(label) + " out");
 }
 
 /* row_of [n] for combine and its weight gradient: rows of [0, R), some -1 and some past R (skipped on the GPU);
@@ -128,7 +128,7 @@ void combine_case(Rng& rng, mok_dtype dt, int64_t T, int64_t H, int64_t K, int64
     snprintf(label, sizeof label, "combine %s T=%lld H=%lld K=%lld R=%lld weighted=%d misalign=%zu device=%d",
              name_of(dt), (long long)T, (long long)H, (long long)K, (long long)R, weighted, misalign, emu::device());
     if (!ran(label, [&] { return mok_rows::combine_run(&a, emulated()); })) return;
-    emu::expect(memcmp(got.data() + misalign, want.data(), want.size()) == 0, std::string(label) + " y");
+    emu::expect_same_bytes(got.data() + misalign, want.data(), want.size(), std::string(label) + " y");
 }
 
 /* combine_weight_grad: d_w [T, K] = dy[t] . rows[row_of[t, k]] */

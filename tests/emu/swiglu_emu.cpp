@@ -60,7 +60,7 @@ void plain_case(Rng& rng, mok_dtype dt, int64_t R, int64_t I, bool backward, siz
                             : mok_swiglu_rows::swiglu_forward_run(&a, emulated());
         }))
         return;
-    emu::expect(memcmp(got.data() + misalign, want.data(), want.size()) == 0, std::string(label) + " out");
+    emu::expect_same_bytes(got.data() + misalign, want.data(), want.size(), std::string(label) + " out");
 }
 
 void scaled_case(Rng& rng, mok_dtype dt, int64_t R, int64_t I, size_t misalign) {
@@ -102,8 +102,8 @@ void scaled_case(Rng& rng, mok_dtype dt, int64_t R, int64_t I, size_t misalign) 
     if (!ran(std::string(label) + " again", [&] { return mok_swiglu_rows::swiglu_scaled_backward_run(&a, emulated()); }))
         return;
     const std::string l(label);
-    emu::expect(memcmp(dh.data() + misalign, dh_want.data(), dh_want.size()) == 0, l + " d_h");
-    emu::expect(memcmp(z.data() + misalign, z_want.data(), z_want.size()) == 0, l + " z");
+    emu::expect_same_bytes(dh.data() + misalign, dh_want.data(), dh_want.size(), l + " d_h");
+    emu::expect_same_bytes(z.data() + misalign, z_want.data(), z_want.size(), l + " z");
     emu::expect(ds1 == ds2, l + " d_s deterministic");
     bool close = true; /* |d_s| <= I * 6 * max |act|: within 2 I eps of that */
     for (int64_t r = 0; r < R; ++r) {
