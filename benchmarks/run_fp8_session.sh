@@ -22,17 +22,28 @@
 # SWIGLU_WIDTHS=1 also times the fused SwiGLU GEMM1's tile widths in the standalone checker (128 x 128
 # against the opt-in 128 x 192, MOK_SM90_FP8_SWIGLU_BN=192; v32), interleaved.
 # FFMA_YIELD=1 also times the FP8 checker with its promotion FFMAs made yield points (v58; benchmarks/sass_yield.py)
-# against the same build unpatched, on five forward GEMMs, interleaved ($OUT/fp8_check_variants.txt).
+# against the same build unpatched, on five forward GEMMs, interleaved ($OUT/fp8_check_variants.txt);
+# FFMA_YIELD_VARIANTS, FFMA_YIELD_PROBLEMS and FFMA_YIELD_ROUNDS replace its variants, problems and rounds.
 # FFMA_YIELD_LIB=F also patches the built extension so (v58, fraction F), runs the FP8 GEMM and layer GPU tests on
 # it and times bench_gemm_fp8.py and the layer (mok, mok_fp8_all_tiled; SKIP_YIELD_LAYER=1 leaves it out) with the
 # plain and the patched extension in turn, twice ($OUT/bench_gemm_fp8_{plain,yield}_N.md, bench_moe_layer_*).
 # SQ_AB=DIR also times the SwiGLU + quantisation harness built from this tree against the one in DIR (a copy
 # of an older tree, as for BF16_AB), interleaved, after benchmarks/swiglu_exp_check.cu where this tree has it
-# ($OUT/swiglu_quant_ab.txt; SQ_AB_PROBLEMS="R I ..." replaces the three shapes).
+# ($OUT/swiglu_quant_ab.txt; SQ_AB_PROBLEMS="R I ..." replaces the three shapes, SQ_AB_ROUNDS the two rounds).
+# SKIP_BUILD=1 builds no extension (about 85 s less) and so runs only the options that build their own
+# harness (SQ_TIMING, SQ_AB, ROWCOL_TIMING, SWIGLU_WIDTHS, FFMA_YIELD, BF16_AB): it implies SKIP_TESTS,
+# SKIP_QUANT, SKIP_GEMM and SKIP_LAYER, and refuses FFMA_YIELD_LIB, TAILS and TRACE.
 # BF16_AB=DIR also times the BF16 kernel built from this tree against the one in DIR (a copy of an
 # older tree: `mkdir -p _ab/old && git archive HEAD csrc benchmarks | tar -x -C _ab/old`) on the
 # Mixtral, DeepSeek-V3 and Qwen3 GEMMs, interleaved ($OUT/bf16_timing_variants.txt).
 cd "$(dirname "$0")/.."
+if [ -n "${SKIP_BUILD:-}" ]; then
+    if [ -n "${FFMA_YIELD_LIB:-}${TAILS:-}${TRACE:-}" ]; then
+        echo "SKIP_BUILD=1 leaves no extension for FFMA_YIELD_LIB, TAILS or TRACE"
+        exit 2
+    fi
+    SKIP_TESTS=1 SKIP_QUANT=1 SKIP_GEMM=1 SKIP_LAYER=1
+fi
 source benchmarks/gpu_session.sh
 T0=$SECONDS
 if [ -z "${SKIP_TESTS:-}" ]; then
@@ -62,15 +73,18 @@ if [ -n "${SQ_AB:-}" ]; then
     # exhaustive check runs first.
     if [ -f benchmarks/swiglu_exp_check.cu ]; then
         nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -o /tmp/mok_sec \
-            benchmarks/swiglu_exp_check.cu && timeout 60 /tmp/mok_sec > "$OUT/swiglu_exp_check.txt" 2>&1
-        echo "swiglu_exp_check rc=$?:"; head -20 "$OUT/swiglu_exp_check.txt"
+            benchmarks/swiglu_exp_check.cu &
     fi
     nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I"$SQ_AB/csrc/cuda" -I"$SQ_AB/benchmarks" \
         -o /tmp/mok_sqt_old "$SQ_AB/benchmarks/swiglu_quant_timing.cu" &
     nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -Ibenchmarks -o /tmp/mok_sqt_new \
         benchmarks/swiglu_quant_timing.cu &
     wait
-    for round in 1 2; do
+    if [ -f benchmarks/swiglu_exp_check.cu ]; then
+        timeout 60 /tmp/mok_sec > "$OUT/swiglu_exp_check.txt" 2>&1
+        echo "swiglu_exp_check rc=$?:"; head -20 "$OUT/swiglu_exp_check.txt"
+    fi
+    for round in $(seq 1 "${SQ_AB_ROUNDS:-2}"); do
         for which in old new; do
             echo "== $which round $round"
             timeout 100 "/tmp/mok_sqt_$which" ${SQ_AB_PROBLEMS:-}
@@ -107,8 +121,8 @@ fi
 if [ -n "${FFMA_YIELD:-}" ]; then
     # v58: the FP8 checker as built against the same binary with its promotion FFMAs made yield points
     # (benchmarks/sass_yield.py: half of each run, all of it), interleaved; every run checks its outputs
-    VARIANTS="def: y50:yield=0.5 y100:yield=1" ROUNDS=2 \
-        PROBLEMS="65536 32 4096 7168;16384 8 28672 4096;16384 8 4096 14336;65536 32 7168 2048;131072 128 2048 768" \
+    VARIANTS=${FFMA_YIELD_VARIANTS:-"def: y50:yield=0.5 y100:yield=1"} ROUNDS=${FFMA_YIELD_ROUNDS:-2} \
+        PROBLEMS=${FFMA_YIELD_PROBLEMS:-"65536 32 4096 7168;16384 8 28672 4096;16384 8 4096 14336;65536 32 7168 2048;131072 128 2048 768"} \
         timeout 420 bash benchmarks/fp8_check_variants.sh | tail -5
     echo "FFMA yield A/B ($((SECONDS - T0)) s)"
 fi
@@ -178,4 +192,4 @@ if [ -n "${TRACE:-}" ]; then
         --top 25 > "$OUT/trace_qwen3_fp8.txt" 2>&1
     echo "trace ($((SECONDS - T0)) s)"
 fi
-cut -c1-200 "$OUT/bench_gemm_fp8.md" "$OUT/bench_moe_layer.md" 2>/dev/null
+cut -c1-200 "$OUT/bench_gemm_fp8.md" "$OUT/bench_moe_layer.md" 2>/dev/null || true
