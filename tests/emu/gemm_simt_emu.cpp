@@ -124,6 +124,18 @@ std::vector<int32_t> random_plan(Rng& rng, int64_t R, int64_t E, int64_t tile, i
     return off;
 }
 
+/* the row a gather-on-load reads for row r (mok_core.h's rule): r, gather[r] / div, or -1 for zeros */
+int64_t source_row(const std::vector<int32_t>& gather, int64_t div, int64_t r) {
+    return gather.empty() ? r : gather[(size_t)r] < 0 ? -1 : gather[(size_t)r] / div;
+}
+
+/* a gather of R entries into `rows` source rows with divisor div: every sixth or so -1 (a row of zeros) */
+std::vector<int32_t> random_gather(Rng& rng, int64_t R, int64_t rows, int64_t div) {
+    std::vector<int32_t> gather((size_t)R);
+    for (auto& g : gather) g = rng.below(6) == 0 ? -1 : (int32_t)rng.below(rows * div);
+    return gather;
+}
+
 /* NT / NN: out [R, N] = A [R, Kd] times expert e's b, A's rows gathered or not */
 void gemm_case(Rng& rng, mok_dtype dt, int64_t R, int64_t E, int64_t N, int64_t Kd, bool trans_b, bool gathered,
                int plan_kind, int num_sms) {
@@ -131,11 +143,7 @@ void gemm_case(Rng& rng, mok_dtype dt, int64_t R, int64_t E, int64_t N, int64_t 
     const int64_t Ra = gathered ? std::max<int64_t>(1, R / 2 + 3) : R;
     std::vector<uint8_t> a = emu::random_elements(rng, dt, std::max<int64_t>(Ra * Kd, 1), 0, -2.0, 2.0);
     std::vector<uint8_t> b = emu::random_elements(rng, dt, std::max<int64_t>(E * N * Kd, 1), 0, -2.0, 2.0);
-    std::vector<int32_t> gather;
-    if (gathered) {
-        gather.resize((size_t)R);
-        for (auto& g : gather) g = rng.below(6) == 0 ? -1 : (int32_t)rng.below(Ra * div);
-    }
+    const std::vector<int32_t> gather = gathered ? random_gather(rng, R, Ra, div) : std::vector<int32_t>();
     const std::vector<int32_t> off =
         random_plan(rng, R, E, rng.below(3) == 0 ? 64 : 8 * (1 + rng.below(12)), plan_kind);
     const size_t es = size_of(dt);
@@ -148,7 +156,7 @@ void gemm_case(Rng& rng, mok_dtype dt, int64_t R, int64_t E, int64_t N, int64_t 
         int64_t e = -1;
         for (int64_t i = 0; i < E; ++i)
             if (off[(size_t)i] <= r && r < off[(size_t)i + 1]) e = i;
-        const int64_t src = !gathered ? r : gather[(size_t)r] < 0 ? -1 : gather[(size_t)r] / div;
+        const int64_t src = source_row(gather, div, r);
         for (int64_t n = 0; n < N; ++n) {
             if (e < 0) { /* a row of no expert: zeros (model already zero-filled) */
                 continue;
@@ -201,11 +209,7 @@ void wgrad_case(Rng& rng, mok_dtype dt, int64_t R, int64_t E, int64_t M, int64_t
     const int64_t Rb = gathered ? std::max<int64_t>(1, R / 2 + 2) : R;
     std::vector<uint8_t> a = emu::random_elements(rng, dt, std::max<int64_t>(R * M, 1), 0, -2.0, 2.0);
     std::vector<uint8_t> b = emu::random_elements(rng, dt, std::max<int64_t>(Rb * N, 1), 0, -2.0, 2.0);
-    std::vector<int32_t> gather;
-    if (gathered) {
-        gather.resize((size_t)R);
-        for (auto& g : gather) g = rng.below(6) == 0 ? -1 : (int32_t)rng.below(Rb * div);
-    }
+    const std::vector<int32_t> gather = gathered ? random_gather(rng, R, Rb, div) : std::vector<int32_t>();
     std::vector<int32_t> off = random_plan(rng, R, E, 8 * (1 + rng.below(8)), plan_kind);
     if (past_r) off[(size_t)E] = (int32_t)(R + 1 + rng.below(20));
     const size_t es = size_of(dt);
@@ -224,7 +228,7 @@ void wgrad_case(Rng& rng, mok_dtype dt, int64_t R, int64_t E, int64_t M, int64_t
             for (int64_t n = 0; n < N; ++n) {
                 double s = 0.0;
                 for (int64_t r = rb; r < re; ++r) {
-                    const int64_t src = !gathered ? r : gather[(size_t)r] < 0 ? -1 : gather[(size_t)r] / div;
+                    const int64_t src = source_row(gather, div, r);
                     x[(size_t)(r - rb)] = element(a, dt, r * M + m);
                     y[(size_t)(r - rb)] = src < 0 ? 0.0 : element(b, dt, src * N + n);
                     s += std::fabs(x[(size_t)(r - rb)] * y[(size_t)(r - rb)]);

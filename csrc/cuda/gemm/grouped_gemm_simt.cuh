@@ -52,13 +52,14 @@ struct grouped_gemm_params {
     void* out;
 };
 
-/* Row of a read by GEMM row r, or -1 for a row of zeros (gather-on-load). */
-__device__ __forceinline__ int64_t gg_a_row(const grouped_gemm_params& p, int64_t r) {
-    if (p.a_gather == NULL) {
+/* Row of the gathered operand read for row r: r without a gather, else gather[r] / div, or -1 for a row of
+ * zeros (gather[r] < 0): gather-on-load of token rows, the same rule for A (NT/NN) and B (weight gradient). */
+__device__ __forceinline__ int64_t gathered_row(const int32_t* gather, int64_t div, int64_t r) {
+    if (gather == NULL) {
         return r;
     }
-    const int32_t g = p.a_gather[r];
-    return g < 0 ? -1 : (int64_t)g / p.a_gather_div;
+    const int32_t g = gather[r];
+    return g < 0 ? -1 : (int64_t)g / div;
 }
 
 template <typename T, bool TRANS_B>
@@ -130,7 +131,7 @@ __global__ void __launch_bounds__(mok_simt_cfg::THREADS, 2) grouped_gemm_kernel(
 #pragma unroll
             for (int i = 0; i < LA; ++i) {
                 const int64_t r = m0 + tid / 16 + 16 * i;
-                a_row[i] = (r >= lo && r < hi) ? gg_a_row(p, r) : -1;
+                a_row[i] = (r >= lo && r < hi) ? gathered_row(p.a_gather, p.a_gather_div, r) : -1;
             }
             const T* __restrict__ be = b + e * p.N * p.Kd;
 
@@ -260,15 +261,6 @@ struct wgrad_params {
     void* out;
 };
 
-/* Row of b read for contraction row r, or -1 for a row of zeros (gather-on-load). */
-__device__ __forceinline__ int64_t wg_b_row(const wgrad_params& p, int64_t r) {
-    if (p.b_gather == NULL) {
-        return r;
-    }
-    const int32_t g = p.b_gather[r];
-    return g < 0 ? -1 : (int64_t)g / p.b_gather_div;
-}
-
 template <typename T>
 __global__ void __launch_bounds__(mok_simt_cfg::THREADS, 2) grouped_gemm_wgrad_kernel(wgrad_params p) {
     typedef typename mok_acc<T>::type Acc;
@@ -335,7 +327,7 @@ __global__ void __launch_bounds__(mok_simt_cfg::THREADS, 2) grouped_gemm_wgrad_k
                     const int64_t n = n0 + tid % 64;
                     /* NOTE: the gather index is read per slab (4 rows per thread), not cached per
                      * tile: the contraction length of an expert is unbounded. */
-                    const int64_t br = r < re ? wg_b_row(p, r) : -1;
+                    const int64_t br = r < re ? gathered_row(p.b_gather, p.b_gather_div, r) : -1;
                     rbv[i] = (br >= 0 && n < p.N) ? b[br * p.N + n] : mok_zero<T>();
                 }
             }
