@@ -1,7 +1,7 @@
 /*
- * SIMT (CUDA core) mainloop building blocks of the foundation grouped GEMMs: the tile shape, the
- * shared-memory staging buffers and the per-slab multiply-accumulate. The wgmma/TMA mainloop of a
- * later release replaces this header; the scheduler and the kernels' structure stay.
+ * SIMT (CUDA core) mainloop building blocks of the grouped GEMMs in gemm/grouped_gemm_simt.cuh (every
+ * dtype, NN and unaligned shapes; bf16 NT runs on the wgmma kernels): the tile shape, the shared-memory
+ * staging buffers and the per-slab multiply-accumulate.
  *
  * Output tile BM x BN, computed by THREADS threads laid out as 16 x 16; thread (ty, tx) owns the
  * TM x TN elements (ty + 16 * i, tx + 16 * j). The contraction runs in slabs of BK.
