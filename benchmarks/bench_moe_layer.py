@@ -22,7 +22,9 @@ forward's GEMM1 as the fused SwiGLU GEMM instead of the plain FP8 GEMM then the 
 result in the same kernel both ways, 'mok_fp8_all_swq_fwd' in the forward only
 (mok._fp8_experts.FUSED_SWIGLU_QUANT, v39; same bits), 'mok_mxfp8' recipe="mxfp8" (every GEMM
 on MXFP8-rounded operands, run on the BF16 kernels), 'mok_mxfp8_bf16_gather' the same with x_rows' and
-d_rows' qdq copies made from bf16 gathers (mok._mxfp8_experts.GATHER_QDQ=False, v48; same bits), all
+d_rows' qdq copies made from bf16 gathers (mok._mxfp8_experts.GATHER_QDQ=False, v48; same bits),
+'mok_mxfp8_qdq_gemm' the same with the row-wise qdq of x_rows, act and d_h made by the GEMMs as they load
+them (mok._mxfp8_experts.QDQ_IN_GEMM=True, v59; same bits), all
 compared with the BF16 layers at the FP8 tolerance; 'vs mok' is mok's BF16 fwd+bwd time over the row's.
 
     python benchmarks/bench_moe_layer.py                       # every shape, balanced and skewed routing
@@ -76,7 +78,7 @@ ZIPF_EXPONENT = 1.2
 IMPLS = ("eager", "mok", "mok_fp8", "mok_fp8_dgrad", "mok_fp8_all", "mok_fp8_all_tiled", "mok_fp8_all_3nodes",
          "mok_fp8_all_tiled_3nodes", "mok_fp8_all_rgs", "mok_fp8_all_tiled_rgs", "mok_fp8_all_tiled_pertile",
          "mok_fp8_all_tiled_fwdstream", "mok_fp8_all_tiled_rcstream", "mok_fp8_all_bf16_gather", "mok_fp8_all_fused", "mok_fp8_dgrad_swq",
-         "mok_fp8_all_swq", "mok_fp8_all_swq_fwd", "mok_mxfp8", "mok_mxfp8_bf16_gather", "compiled", "naive")
+         "mok_fp8_all_swq", "mok_fp8_all_swq_fwd", "mok_mxfp8", "mok_mxfp8_bf16_gather", "mok_mxfp8_qdq_gemm", "compiled", "naive")
 NAIVE_MAX_S = 1.0  # --naive auto: time the naive loop only if one fwd+bwd takes less than this
 ERR_TOL = 2e-2
 ERR_TOL_FP8 = 0.12  # E4M3 operands in both forward GEMMs: ~0.065 against the BF16 layer (tests/test_fp8_experts.py)
@@ -435,6 +437,8 @@ def impl_table(dev, compiled=False):
              "mok_mxfp8": functools.partial(mok.functional.moe_experts, recipe="mxfp8"),
              "mok_mxfp8_bf16_gather": _with_setting(functools.partial(mok.functional.moe_experts, recipe="mxfp8"),
                                                     "GATHER_QDQ", False, mok._mxfp8_experts),
+             "mok_mxfp8_qdq_gemm": _with_setting(functools.partial(mok.functional.moe_experts, recipe="mxfp8"),
+                                                 "QDQ_IN_GEMM", True, mok._mxfp8_experts),
              "naive": baselines.naive_experts}
     if compiled:
         table["compiled"] = baselines.compiled_grouped_mm_experts(dev.type, torch.bfloat16)

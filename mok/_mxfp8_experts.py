@@ -56,6 +56,16 @@ BLOCK = 32  # the MXFP8 block
 # log v48; bench_moe_layer.py's mok_mxfp8_bf16_gather is the False side).
 GATHER_QDQ = True
 
+# The row-wise qdq copies of x_rows, act and d_h (the forward GEMMs' and GEMM1's dgrad's A operands):
+# False (default): made by the qdq passes and read by the GEMMs; True: never written, the GEMMs round A's
+# rows themselves as each K-block arrives (torch.ops.mok.grouped_mm_mxfp8_a / grouped_mm_swiglu_mxfp8_a;
+# on sm_90a in the consumer warpgroups), so those passes write only the column-wise copies the weight
+# gradients need (none at all without gradients). The same bits either way; d_rows keeps its pass (its
+# rows are a weighted gather of dy). Measured slower (performance log v59, H100: 0.78x / 0.83x / 0.82x mok
+# BF16 on Qwen3 / Mixtral / DeepSeek-V3 against 0.92x / 1.02x / 0.99x): the GEMM rounds each value of A once
+# per N-tile, and that rounding is not hidden under the MMA.
+QDQ_IN_GEMM = False
+
 
 def check_mxfp8_args(x, gate_up_proj):
     """The recipe's extra conditions, with errors that name the argument."""
@@ -101,6 +111,24 @@ def cached_expert_weight(w, cols):
     return r, c
 
 
+def _qdq_copies(t, offsets, rows, cols, in_gemm):
+    """(row-wise, column-wise) qdq copies of t as qdq_mxfp8 makes them, except that with in_gemm
+    (QDQ_IN_GEMM) the row-wise one is not made (None: the GEMM rounds t's rows itself, _mm_of_rows); None
+    for a copy not asked for."""
+    rows = rows and not in_gemm
+    if not (rows or cols):
+        return None, None
+    r, c = ops.qdq_mxfp8(t, offsets, rows, cols)
+    return (r if rows else None), (c if cols else None)
+
+
+def _mm_of_rows(t, t_rows, b, offsets, trans_b, in_gemm):
+    """grouped_mm(qdq_rows(t), b): on the copy t_rows, or (in_gemm) rounding t's rows in the GEMM."""
+    if in_gemm:
+        return ops.grouped_mm_mxfp8_a(t, None, 1, b, offsets, trans_b)
+    return ops.grouped_mm(t_rows, None, 1, b, offsets, trans_b)
+
+
 class _MxGateUp(torch.autograd.Function):
     """h = qdq(x_rows) @ qdq(gate_up[e])^T, with act = SwiGLU(h) from the same fused kernel (its
     gradient reaches h through _SwiGLUOf, as in mok/_gate_up.py). Backward: d_h (qdq'd both ways in
@@ -109,6 +137,15 @@ class _MxGateUp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, gate_up, src_of_row, row_of, top_k, offsets, w_rows, w_cols, need_w):
         # the column-wise copy of x_rows is the weight gradient's operand: made now, from the same read
+        # (the backward follows the forward's choice: QDQ_IN_GEMM may change in between)
+        ctx.in_gemm = QDQ_IN_GEMM
+        if ctx.in_gemm:
+            x_c = ops.qdq_mxfp8_gather(x, src_of_row, None, top_k, offsets, False, True)[1] if need_w else None
+            act, h = ops.grouped_mm_swiglu_mxfp8_a(x, src_of_row, top_k, w_rows, offsets)
+            ctx.save_for_backward(src_of_row, row_of, offsets, x_c, w_cols)
+            ctx.mark_non_differentiable(act)
+            ctx.set_materialize_grads(False)
+            return h, act
         if GATHER_QDQ:
             x_r, x_c = ops.qdq_mxfp8_gather(x, src_of_row, None, top_k, offsets, True, need_w)
         else:
@@ -127,11 +164,12 @@ class _MxGateUp(torch.autograd.Function):
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if d_h is None or not (need_x or need_w):
             return (None,) * 9
-        d_r, d_c = ops.qdq_mxfp8(d_h.contiguous(), offsets, need_x, need_w)
+        d_h = d_h.contiguous()
+        d_r, d_c = _qdq_copies(d_h, offsets, need_x, need_w, ctx.in_gemm)
         d_x = d_w = None
         if need_x:
             # [R, 2I] . [E, 2I, H] -> [R, H], then each token's K rows summed in a fixed order
-            d_x = ops.combine(ops.grouped_mm(d_r, None, 1, w_cols, offsets, False), row_of, src_of_row, None)
+            d_x = ops.combine(_mm_of_rows(d_h, d_r, w_cols, offsets, False, ctx.in_gemm), row_of, src_of_row, None)
         if need_w:
             d_w = ops.grouped_mm_wgrad(d_c, x_c, None, 1, offsets)  # [E, 2I, H]
         return d_x, d_w, None, None, None, None, None, None, None
@@ -143,8 +181,8 @@ class _MxDown(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, act, down, offsets, w_rows, w_cols, need_w):
-        a_r, a_c = ops.qdq_mxfp8(act, offsets, True, need_w)
-        rows = ops.grouped_mm(a_r, None, 1, w_rows, offsets, True)
+        a_r, a_c = _qdq_copies(act, offsets, True, need_w, QDQ_IN_GEMM)
+        rows = _mm_of_rows(act, a_r, w_rows, offsets, True, QDQ_IN_GEMM)
         ctx.save_for_backward(offsets, a_c if need_w else None, w_cols)
         ctx.set_materialize_grads(False)
         return rows
@@ -178,8 +216,8 @@ class _MxDownCombine(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, act, down, w, offsets, row_of, src_of_row, w_rows, w_cols, need_w):
-        a_r, a_c = ops.qdq_mxfp8(act, offsets, True, need_w)
-        rows = ops.grouped_mm(a_r, None, 1, w_rows, offsets, True)
+        a_r, a_c = _qdq_copies(act, offsets, True, need_w, QDQ_IN_GEMM)
+        rows = _mm_of_rows(act, a_r, w_rows, offsets, True, QDQ_IN_GEMM)
         ctx.save_for_backward(w, offsets, row_of, src_of_row, rows, a_c if need_w else None, w_cols)
         ctx.set_materialize_grads(False)
         return ops.combine(rows, row_of, src_of_row, w)

@@ -107,6 +107,17 @@ def _grouped_mm_swiglu_fake(x, src_of_row, row_of, top_k, gate_up, offsets, x_ro
     return x.new_empty((R, N // 2)), x.new_empty((R, N))
 
 
+@torch.library.register_fake("mok::grouped_mm_mxfp8_a")
+def _grouped_mm_mxfp8_a_fake(a, a_gather, a_gather_div, b, offsets, trans_b):
+    return a.new_empty(_grouped_mm_out_shape(a, a_gather, b, trans_b))
+
+
+@torch.library.register_fake("mok::grouped_mm_swiglu_mxfp8_a")
+def _grouped_mm_swiglu_mxfp8_a_fake(x, src_of_row, top_k, gate_up, offsets):
+    R, N = src_of_row.shape[0], gate_up.shape[1]
+    return x.new_empty((R, N // 2)), x.new_empty((R, N))
+
+
 @torch.library.register_fake("mok::grouped_mm_wgrad")
 def _grouped_mm_wgrad_fake(a, b, b_gather, b_gather_div, offsets):
     return a.new_empty((offsets.shape[0] - 1, a.shape[1], b.shape[1]))
@@ -357,6 +368,8 @@ ALL_OPS = (
     "grouped_mm",
     "grouped_mm_swiglu",
     "grouped_mm_wgrad",
+    "grouped_mm_mxfp8_a",
+    "grouped_mm_swiglu_mxfp8_a",
     "quantize_fp8",
     "dequantize_fp8",
     "quantize_fp8_rowcol",

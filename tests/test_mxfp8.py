@@ -14,7 +14,8 @@ from mok import reference as R
 from mok._ops import ops
 
 from conftest import DEVICES
-from shapes import MoECase, make_gather_case, make_moe_inputs, rel_err, topk_w_err, topk_w_grad_of_rows
+from shapes import (MoECase, make_gather_case, make_moe_inputs, make_routing, rel_err, topk_w_err,
+                    topk_w_grad_of_rows)
 
 BF16_MAX = float.fromhex("0x1.fep127")
 
@@ -514,13 +515,24 @@ class _OpsSpy:
         self.gemms.append(("wgrad", self.kind(a), self.kind(b), offsets.data_ptr()))
         return ops.grouped_mm_wgrad(a, b, b_gather, b_gather_div, offsets)
 
+    # QDQ_IN_GEMM: A's rows rounded row-wise by the GEMM itself (a is not a copy: it must not be one)
+    def grouped_mm_swiglu_mxfp8_a(self, x, src_of_row, top_k, gate_up, offsets):
+        self.gemms.append(("gemm1", "rows" if x.data_ptr() not in self.copies else "a copy", self.kind(gate_up)))
+        return ops.grouped_mm_swiglu_mxfp8_a(x, src_of_row, top_k, gate_up, offsets)
 
-@pytest.mark.parametrize("gather_qdq", [True, False])
-def test_every_gemm_operand_is_quantised_along_its_contraction(monkeypatch, gather_qdq):
+    def grouped_mm_mxfp8_a(self, a, a_gather, a_gather_div, b, offsets, trans_b):
+        self.gemms.append(("NT" if trans_b else "NN", "rows" if a.data_ptr() not in self.copies else "a copy",
+                           self.kind(b)))
+        return ops.grouped_mm_mxfp8_a(a, a_gather, a_gather_div, b, offsets, trans_b)
+
+
+@pytest.mark.parametrize("gather_qdq,qdq_in_gemm", [(True, False), (False, False), (True, True)])
+def test_every_gemm_operand_is_quantised_along_its_contraction(monkeypatch, gather_qdq, qdq_in_gemm):
     # A block along the wrong dimension changes few values (E4M3 keeps 4 significant bits at any
     # power-of-two scale: the scale only decides which elements, below ~2^-15 of the block's amax,
     # fall into the subnormal codes), so the numerical tests cannot see one: check the plumbing.
     monkeypatch.setattr(MX, "GATHER_QDQ", gather_qdq)
+    monkeypatch.setattr(MX, "QDQ_IN_GEMM", qdq_in_gemm)
     spy = _OpsSpy()
     monkeypatch.setattr(MX, "ops", spy)
     case = MoECase(70, 64, 32, 4, 2)
@@ -591,6 +603,97 @@ def test_gather_qdq_gives_the_bits_of_the_bf16_gathers(monkeypatch, device, case
     for a, b in zip(*results):
         assert torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a,
                            b.view(torch.int16) if b.dtype == torch.bfloat16 else b), f"{case} {wanted}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES[:5], ids=str)
+@pytest.mark.parametrize("wanted", [(0, 1, 2, 3), (1, 2, 3), (0,), (2,)], ids=str)
+def test_qdq_in_gemm_gives_the_bits_of_the_qdq_copies(monkeypatch, device, case, wanted):
+    # QDQ_IN_GEMM: the row-wise qdq of x_rows, act and d_h made by the GEMMs as they load them instead of the
+    # qdq passes; y and the gradients of the inputs that want one (x, topk_w, gate_up, down by index) bitwise
+    # the same (on CUDA the on-load qdq kernels against the plain ones, on the CPU the op's definition).
+    x, idx, w, gu, dn = make_inputs(case, device)
+    leaves = [t.detach().requires_grad_(i in wanted) for i, t in enumerate((x, w, gu, dn))]
+    g, results = None, []
+    for qdq_in_gemm in (True, False):
+        monkeypatch.setattr(MX, "QDQ_IN_GEMM", qdq_in_gemm)
+        y = MX.experts_mxfp8(leaves[0], mok.functional.moe_plan(idx, case.E), case.K, *leaves[1:])
+        g = make_grad(y) if g is None else g
+        results.append([y] + list(torch.autograd.grad(y, [leaves[i] for i in wanted], g)))
+    for a, b in zip(*results):
+        assert torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a,
+                           b.view(torch.int16) if b.dtype == torch.bfloat16 else b), f"{case} {wanted}"
+
+
+# (T, K, E, H, N, routing): one token, K = 1, an empty expert, one expert taking every row, K-blocks of 64
+# ragged (H = 40: a partial K-block and a partial MX block; 12: not a multiple of 8, the CUDA fallback),
+# several M-, N- and K-tiles
+MXA_CASES = [(1, 1, 4, 32, 64, "random"), (37, 2, 6, 64, 96, "empty_expert"), (53, 1, 5, 96, 32, "one_expert"),
+             (40, 4, 4, 40, 72, "random"), (20, 2, 3, 12, 24, "zipf"), (300, 3, 8, 320, 544, "zipf")]
+
+
+def _mxa_inputs(case, device, gen):
+    T, K, E, H, N, routing = case
+    idx = make_routing(T, K, E, routing, generator=gen).to(device)
+    plan = mok.functional.moe_plan(idx, E)
+    x = _edge_inputs(T, H, seed=int(torch.randint(0, 2**31, (1,), generator=gen))).to(device)
+    return x, plan
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", MXA_CASES, ids=str)
+def test_grouped_mm_mxfp8_a_is_the_gemm_of_the_row_qdq(device, case, monkeypatch):
+    # ops.grouped_mm_mxfp8_a(a, a_gather, div, b, offsets, trans_b) = grouped_mm(qdq_mxfp8(A)[0], None, 1, b,
+    # offsets, trans_b) with A = a or gather_rows(a, a_gather, None, div), and grouped_mm_swiglu_mxfp8_a the
+    # same for GEMM1 with SwiGLU: bit for bit (NaN, Inf, zero, subnormal and saturating blocks in A), NT and
+    # NN, contiguous and gathered A. On CUDA the sm_90a kernel's on-load qdq (and with a pair of CTAs per
+    # cluster) against the plain kernel on the copy; the variants it does not build take the copy.
+    T, K, E, H, N, _ = case
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
+    x, plan = _mxa_inputs(case, device, gen)
+    R = plan.src_of_row.shape[0]
+    rows = ops.gather_rows(x, plan.src_of_row, None, K)
+    b_nt = torch.randn(E, N, H, generator=gen).bfloat16().to(device)
+    b_nn = torch.randn(E, H, N, generator=gen).bfloat16().to(device)
+    gate_up = torch.randn(E, 2 * N, H, generator=gen).bfloat16().to(device)
+
+    def rows_qdq(t):
+        return ops.qdq_mxfp8(t, None, True, False)[0]
+
+    def same(got, want, what):
+        assert got.shape == want.shape, what
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), f"{case} {what}"
+
+    for cluster in (("1", "2") if device == "cuda" else ("1",)):
+        monkeypatch.setenv("MOK_SM90_CLUSTER", cluster)
+        for trans_b, b in ((True, b_nt), (False, b_nn)):
+            want = ops.grouped_mm(rows_qdq(rows), None, 1, b, plan.offsets, trans_b)
+            same(ops.grouped_mm_mxfp8_a(rows, None, 1, b, plan.offsets, trans_b), want, f"contiguous {trans_b}")
+            same(ops.grouped_mm_mxfp8_a(x, plan.src_of_row, K, b, plan.offsets, trans_b), want, f"gathered {trans_b}")
+        act, h = ops.grouped_mm_swiglu_mxfp8_a(x, plan.src_of_row, K, gate_up, plan.offsets)
+        act_w, h_w = ops.grouped_mm_swiglu(x, plan.src_of_row, plan.row_of, K, gate_up, plan.offsets,
+                                           rows_qdq(rows))
+        same(h, h_w, f"swiglu h cluster={cluster}")
+        same(act, act_w, f"swiglu act cluster={cluster}")
+    assert R == rows.shape[0]
+    if device == "cuda":
+        mok.check_errors(synchronize=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grouped_mm_mxfp8_a_bad_input_names_the_argument(device):
+    a = torch.randn(8, 64, device=device)
+    b = torch.randn(2, 32, 64, device=device)
+    off = torch.tensor([0, 4, 8], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="mok.grouped_mm_mxfp8_a.*a"):
+        ops.grouped_mm_mxfp8_a(a, None, 1, b, off, True)  # float32, not bf16
+    with pytest.raises(ValueError, match="contraction size"):
+        ops.grouped_mm_mxfp8_a(a.bfloat16()[:, :32].contiguous(), None, 1, b.bfloat16(), off, True)
+    with pytest.raises(ValueError, match="mok.grouped_mm_swiglu_mxfp8_a.*x"):
+        ops.grouped_mm_swiglu_mxfp8_a(a, torch.arange(8, dtype=torch.int32, device=device), 1, b, off)
+    with pytest.raises(ValueError, match="top_k"):
+        ops.grouped_mm_swiglu_mxfp8_a(a.bfloat16(), torch.arange(8, dtype=torch.int32, device=device), 0,
+                                      b.bfloat16(), off)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -41,6 +41,10 @@ def op_cases(device):
                               (grad(x), plan.src_of_row, plan.row_of, case.K, grad(gate_up), plan.offsets,
                                ops.gather_rows(x, plan.src_of_row, None, case.K))],
         "grouped_mm_wgrad": [(act, rows, None, 1, plan.offsets), (act, x, plan.src_of_row, case.K, plan.offsets)],
+        "grouped_mm_mxfp8_a": [(act.bfloat16(), None, 1, down.bfloat16(), plan.offsets, True),
+                               (rows.bfloat16(), None, 1, down.bfloat16(), plan.offsets, False),
+                               (x.bfloat16(), plan.src_of_row, case.K, gate_up.bfloat16(), plan.offsets, True)],
+        "grouped_mm_swiglu_mxfp8_a": [(x.bfloat16(), plan.src_of_row, case.K, gate_up.bfloat16(), plan.offsets)],
         "quantize_fp8": [(torch.randn(5, 200, device=device), r)
                          for r in ("blockwise_1x128", "blockwise_128x128", "mxfp8")],
         "dequantize_fp8": [(*ops.quantize_fp8(torch.randn(5, 200, device=device), r), r)

@@ -1,7 +1,9 @@
 /*
  * Launcher of the sm_90a BF16 grouped GEMM (gemm/grouped_gemm_sm90.cuh): tensor maps, grid,
  * shared-memory opt-in. Kernel variants: {plain, SwiGLU epilogue} x {TMA A, gathered A} x {B K-major
- * ("NT"), B N-major ("NN", plain only)}, and the weight gradient.
+ * ("NT"), B N-major ("NN", plain only)}, and the weight gradient; with A's rows quantise-dequantised
+ * to MXFP8 on load (qdq_a_mxfp8), the three that recipe="mxfp8" runs: SwiGLU with gathered A, plain
+ * NT and plain NN with TMA A.
  */
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -50,10 +52,10 @@ int cluster_size() {
     return env && env[0] == '2' ? 2 : 1;
 }
 
-template <bool kSwiGLU, bool kGather, bool kBMN, bool kWgrad, int kCluster>
+template <bool kSwiGLU, bool kGather, bool kBMN, bool kWgrad, int kCluster, bool kQdqA>
 int launch_cluster(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_out,
                    const CUtensorMap& tma_act, const mok_sm90::params& p, int num_sms, cudaStream_t stream) {
-    auto kernel = mok_sm90::grouped_gemm_bf16_nt_kernel<kSwiGLU, kGather, kBMN, kWgrad, kCluster>;
+    auto kernel = mok_sm90::grouped_gemm_bf16_nt_kernel<kSwiGLU, kGather, kBMN, kWgrad, kCluster, kQdqA>;
     const int smem = (int)sizeof(mok_sm90::smem_layout) + 1024;
     static bool configured = false;
     if (!configured) {
@@ -75,13 +77,14 @@ int launch_cluster(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUt
                                           &max_clusters, tma_a, tma_b, tma_out, tma_act, p);
 }
 
-template <bool kSwiGLU, bool kGather, bool kBMN, bool kWgrad = false>
+template <bool kSwiGLU, bool kGather, bool kBMN, bool kWgrad = false, bool kQdqA = false>
 int launch(const CUtensorMap& tma_a, const CUtensorMap& tma_b, const CUtensorMap& tma_out, const CUtensorMap& tma_act,
            const mok_sm90::params& p, int num_sms, cudaStream_t stream) {
     /* NOTE: a pair needs two SMs of one GPC; with fewer SMs than that, one CTA per cluster. */
     if (cluster_size() == 2 && num_sms >= 2)
-        return launch_cluster<kSwiGLU, kGather, kBMN, kWgrad, 2>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream);
-    return launch_cluster<kSwiGLU, kGather, kBMN, kWgrad, 1>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream);
+        return launch_cluster<kSwiGLU, kGather, kBMN, kWgrad, 2, kQdqA>(tma_a, tma_b, tma_out, tma_act, p, num_sms,
+                                                                        stream);
+    return launch_cluster<kSwiGLU, kGather, kBMN, kWgrad, 1, kQdqA>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream);
 }
 
 }  // namespace
@@ -96,6 +99,8 @@ extern "C" int mok_grouped_gemm_sm90_supported(const struct mok_grouped_gemm_arg
     if (a->a_gather && (a->a_gather_div < 1 || a->a_gather_div > MOK_INT32_LIMIT)) return 0;
     if (((uintptr_t)a->a | (uintptr_t)a->b | (uintptr_t)a->out) % 16) return 0;
     if (a->swiglu_out && (uintptr_t)a->swiglu_out % 16) return 0;
+    /* the on-load qdq's variants (the launcher builds only these) */
+    if (a->qdq_a_mxfp8 && (a->swiglu_out != NULL) != (a->a_gather != NULL)) return 0;
     return is_hopper() && encode_fn() != NULL;
 }
 
@@ -156,6 +161,12 @@ extern "C" int mok_grouped_gemm_sm90(const struct mok_grouped_gemm_args* a, cuda
         tma_act = tma_out;
     }
     const int num_sms = a->num_sms > 0 ? a->num_sms : mok_num_sms();
+    if (a->qdq_a_mxfp8) {
+        /* ---- A's rows qdq'd to MXFP8 on load (supported: SwiGLU with gathered A, plain with TMA A) ---- */
+        if (swiglu) return launch<true, true, false, false, true>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream);
+        return a->trans_b ? launch<false, false, false, false, true>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream)
+                          : launch<false, false, true, false, true>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream);
+    }
     if (swiglu) {
         return gather ? launch<true, true, false>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream)
                       : launch<true, false, false>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream);

@@ -156,6 +156,10 @@ struct mok_grouped_gemm_args {
     void* out;                 /* [R, N] */
     void* swiglu_out;          /* [R, N / 2] or NULL */
     int num_sms;               /* persistent grid size hint (0: query the device) */
+    int qdq_a_mxfp8;           /* 1: A's rows are quantise-dequantised to MXFP8 (1 x 32 blocks along Kd,
+                                * mok_qdq_mxfp8_rows) as they are loaded; bf16 on the sm_90a kernel only
+                                * (mok_grouped_gemm_sm90_supported), else MOK_ERR_ARG: the caller makes
+                                * the row-wise copy instead */
 };
 /* CUDA: a persistent kernel; the SwiGLU epilogue is a second kernel on the same stream
  * (mok_swiglu_forward_cuda on out), so it is exactly mok_swiglu_forward of the rounded out. */

@@ -29,7 +29,10 @@ namespace mok {
                     const at::Tensor& b, const at::Tensor& offsets, bool trans_b, at::Tensor& out,                    \
                     at::Tensor* swiglu_out);                                                                          \
     void grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& b_gather,        \
-                          int64_t b_gather_div, const at::Tensor& offsets, at::Tensor& out);
+                          int64_t b_gather_div, const at::Tensor& offsets, at::Tensor& out);                          \
+    void grouped_mm_mxfp8_a(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, int64_t a_gather_div,     \
+                            const at::Tensor& b, const at::Tensor& offsets, bool trans_b, at::Tensor& out,            \
+                            at::Tensor* swiglu_out);
 
 namespace cpu {
 MOK_BACKEND_DECLS

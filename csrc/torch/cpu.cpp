@@ -138,6 +138,26 @@ void grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, 
     });
 }
 
+// The definition, in three passes: the gathered rows, their row-wise MXFP8 qdq (the C core), the GEMM.
+void grouped_mm_mxfp8_a(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, int64_t a_gather_div,
+                        const at::Tensor& b, const at::Tensor& offsets, bool trans_b, at::Tensor& out,
+                        at::Tensor* swiglu_out) {
+    const char* op = swiglu_out ? "mok.grouped_mm_swiglu_mxfp8_a" : "mok.grouped_mm_mxfp8_a";
+    const int64_t R = out.size(0), Kd = a.size(1);
+    at::Tensor rows = a;
+    if (a_gather.has_value()) {
+        rows = at::empty({R, Kd}, a.options());
+        gather_rows(a, *a_gather, c10::nullopt, a_gather_div, c10::nullopt, rows);
+    }
+    auto q = at::empty({R, Kd}, a.options());
+    const auto* xp = reinterpret_cast<const uint16_t*>(rows.data_ptr());
+    auto* qp = reinterpret_cast<uint16_t*>(q.data_ptr());
+    at::parallel_for(0, R, grain(Kd), [&](int64_t r0, int64_t r1) {
+        check_status(mok_qdq_mxfp8_rows(xp, R, Kd, r0, r1, qp), op);
+    });
+    grouped_mm(q, c10::nullopt, 1, b, offsets, trans_b, out, swiglu_out);
+}
+
 void grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& b_gather,
                       int64_t b_gather_div, const at::Tensor& offsets, at::Tensor& out) {
     const mok_dtype dt = to_mok_dtype(a, "mok.grouped_mm_wgrad", "a");

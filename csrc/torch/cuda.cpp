@@ -11,6 +11,7 @@
 
 #include "../cuda/gemm/grouped_gemm_sm90.h"
 #include "../cuda/mok_cuda.h"
+#include "../cuda/mok_qdq_cuda.h"
 #include "backend.h"
 #include "checks.h"
 
@@ -198,12 +199,10 @@ void swiglu_scaled_backward(const at::Tensor& h, const at::Tensor& d_z, const at
     check_status(mok_swiglu_scaled_backward_cuda(&a, stream_of(h)), "mok.swiglu_scaled_backward");
 }
 
-void grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, int64_t a_gather_div,
-                const at::Tensor& b, const at::Tensor& offsets, bool trans_b, at::Tensor& out,
-                at::Tensor* swiglu_out) {
-    c10::cuda::CUDAGuard guard(a.device());
-    // NT and NN both run as they are: the sm_90a kernel reads an N-major B (the dgrad GEMMs'
-    // weights [E, K, N]) as MN-major wgmma operands, no transposed copy.
+namespace {
+mok_grouped_gemm_args grouped_mm_args(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather,
+                                      int64_t a_gather_div, const at::Tensor& b, const at::Tensor& offsets,
+                                      bool trans_b, at::Tensor& out, at::Tensor* swiglu_out) {
     mok_grouped_gemm_args g{};
     g.a = a.data_ptr();
     g.a_gather = opt_idx_ptr(a_gather);
@@ -219,7 +218,49 @@ void grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, 
     g.out = out.data_ptr();
     g.swiglu_out = swiglu_out ? swiglu_out->data_ptr() : nullptr;
     g.num_sms = num_sms(a);
+    return g;
+}
+}  // namespace
+
+void grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, int64_t a_gather_div,
+                const at::Tensor& b, const at::Tensor& offsets, bool trans_b, at::Tensor& out,
+                at::Tensor* swiglu_out) {
+    c10::cuda::CUDAGuard guard(a.device());
+    // NT and NN both run as they are: the sm_90a kernel reads an N-major B (the dgrad GEMMs'
+    // weights [E, K, N]) as MN-major wgmma operands, no transposed copy.
+    const mok_grouped_gemm_args g = grouped_mm_args(a, a_gather, a_gather_div, b, offsets, trans_b, out, swiglu_out);
     check_status(mok_grouped_gemm_cuda(&g, stream_of(a)), "mok.grouped_mm");
+}
+
+// The sm_90a kernel qdq's A's rows as they arrive, for the variants it builds (SwiGLU with gathered
+// rows, plain with contiguous rows); elsewhere the row-wise copy is made first (the qdq kernel, which
+// gathers the rows itself), then the plain GEMM: the same bits.
+void grouped_mm_mxfp8_a(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, int64_t a_gather_div,
+                        const at::Tensor& b, const at::Tensor& offsets, bool trans_b, at::Tensor& out,
+                        at::Tensor* swiglu_out) {
+    const char* op = swiglu_out ? "mok.grouped_mm_swiglu_mxfp8_a" : "mok.grouped_mm_mxfp8_a";
+    c10::cuda::CUDAGuard guard(a.device());
+    mok_grouped_gemm_args g = grouped_mm_args(a, a_gather, a_gather_div, b, offsets, trans_b, out, swiglu_out);
+    g.qdq_a_mxfp8 = 1;
+    if (mok_grouped_gemm_sm90_supported(&g)) {
+        check_status(mok_grouped_gemm_cuda(&g, stream_of(a)), op);
+        return;
+    }
+    const int64_t R = out.size(0), Kd = a.size(1);
+    auto q = at::empty({R, Kd}, a.options());
+    mok_qdq_mxfp8_args qa{};
+    qa.x = a.data_ptr();
+    qa.M = R;
+    qa.N = Kd;
+    qa.rows = q.data_ptr();
+    qa.error_flag = device_error_word();
+    if (a_gather.has_value()) {
+        qa.src_of_row = a_gather->data_ptr<int32_t>();
+        qa.T = a.size(0);
+        qa.K = a_gather_div;
+    }
+    check_status(mok_qdq_mxfp8_cuda(&qa, stream_of(a)), op);
+    grouped_mm(q, c10::nullopt, 1, b, offsets, trans_b, out, swiglu_out);
 }
 
 void grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& b_gather,

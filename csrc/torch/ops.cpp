@@ -310,6 +310,56 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu(const at::Tensor& x, const 
     return {act, h};
 }
 
+// ---------------------------------------------------------------------------------------------
+// grouped GEMMs of MXFP8-rounded A (recipe="mxfp8")
+// ---------------------------------------------------------------------------------------------
+
+// grouped_mm(qdq(A), None, 1, b, offsets, trans_b), where A = a, or a's rows gathered by a_gather
+// (row r reads a[a_gather[r] / a_gather_div], a zero row where a_gather[r] < 0), and qdq(A) is A's
+// row-wise MXFP8 quantise-dequantise (1 x 32 blocks along K: qdq_mxfp8(A, None, True, False)[0]).
+// Bit for bit those ops; on sm_90a the qdq runs in the GEMM as each K-block of A arrives (plain
+// GEMMs with contiguous A), so the rounded copy is never written. bf16 only.
+at::Tensor grouped_mm_mxfp8_a(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, int64_t a_gather_div,
+                              const at::Tensor& b, const at::Tensor& offsets, bool trans_b) {
+    const char* op = "mok.grouped_mm_mxfp8_a";
+    auto d = check_grouped_mm(op, a, a_gather, a_gather_div, b, offsets, trans_b);
+    check_dtype(a, at::kBFloat16, op, "a");
+    auto out = at::empty({d.R, d.N}, a.options());
+    if (out.numel() > 0) {
+        if (d.Kd == 0 || d.E == 0) {
+            out.zero_();
+        } else {
+            MOK_DISPATCH(a, grouped_mm_mxfp8_a, a, a_gather, a_gather_div, b, offsets, trans_b, out, nullptr);
+        }
+    }
+    return out;
+}
+
+// grouped_mm_swiglu(x, src_of_row, row_of, top_k, gate_up, offsets) on the MXFP8 row-wise qdq of the
+// gathered rows (as grouped_mm_mxfp8_a): (act [R, I], h [R, 2I]). On sm_90a the qdq runs in the GEMM.
+// No autograd (recipe="mxfp8" wires its own backward). bf16 only.
+std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu_mxfp8_a(const at::Tensor& x, const at::Tensor& src_of_row,
+                                                             int64_t top_k, const at::Tensor& gate_up,
+                                                             const at::Tensor& offsets) {
+    const char* op = "mok.grouped_mm_swiglu_mxfp8_a";
+    TORCH_CHECK_VALUE(top_k >= 1, op, ": top_k must be >= 1, got ", top_k);
+    auto d = check_grouped_mm(op, x, src_of_row, top_k, gate_up, offsets, true);
+    check_dtype(x, at::kBFloat16, op, "x");
+    TORCH_CHECK_VALUE(d.N % 2 == 0, op, ": gate_up.shape[1] must be even ([gate | up] = 2 * I), got shape ",
+                      shape_str(gate_up));
+    auto h = at::empty({d.R, d.N}, x.options());
+    auto act = at::empty({d.R, d.N / 2}, x.options());
+    if (h.numel() > 0) {
+        if (d.Kd == 0 || d.E == 0) {
+            h.zero_();
+            act.zero_();
+        } else {
+            MOK_DISPATCH(x, grouped_mm_mxfp8_a, x, src_of_row, top_k, gate_up, offsets, true, h, &act);
+        }
+    }
+    return {act, h};
+}
+
 // out[e] = a_e^T @ B_e over each expert's rows (weight gradient with a ragged contraction).
 at::Tensor grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& b_gather,
                             int64_t b_gather_div, const at::Tensor& offsets) {
@@ -380,6 +430,10 @@ TORCH_LIBRARY(mok, m) {
     m.def("grouped_mm_swiglu(Tensor x, Tensor src_of_row, Tensor row_of, int top_k, Tensor gate_up, "
           "Tensor offsets, Tensor? x_rows=None) -> (Tensor act, Tensor h)");
     m.def("grouped_mm_wgrad(Tensor a, Tensor b, Tensor? b_gather, int b_gather_div, Tensor offsets) -> Tensor");
+    m.def("grouped_mm_mxfp8_a(Tensor a, Tensor? a_gather, int a_gather_div, Tensor b, Tensor offsets, bool trans_b) "
+          "-> Tensor");
+    m.def("grouped_mm_swiglu_mxfp8_a(Tensor x, Tensor src_of_row, int top_k, Tensor gate_up, Tensor offsets) -> "
+          "(Tensor act, Tensor h)");
     m.def("device_errors(bool clear) -> int", &device_errors);
 }
 
@@ -395,7 +449,9 @@ TORCH_LIBRARY(mok, m) {
     m.impl("swiglu_scaled_backward", &swiglu_scaled_backward);  \
     m.impl("grouped_mm", &grouped_mm);                          \
     m.impl("grouped_mm_swiglu", &grouped_mm_swiglu);            \
-    m.impl("grouped_mm_wgrad", &grouped_mm_wgrad)
+    m.impl("grouped_mm_wgrad", &grouped_mm_wgrad);                \
+    m.impl("grouped_mm_mxfp8_a", &grouped_mm_mxfp8_a);            \
+    m.impl("grouped_mm_swiglu_mxfp8_a", &grouped_mm_swiglu_mxfp8_a)
 
 TORCH_LIBRARY_IMPL(mok, CPU, m) { MOK_IMPL_ALL(m); }
 

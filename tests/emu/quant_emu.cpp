@@ -9,8 +9,9 @@
  * arithmetic run element by element here, then the C core's quantisation; and the streamed SwiGLU
  * kernels (quant/swiglu_quantize_stream.cuh: persistent; the forward's loads one or two items ahead, the
  * backward's a ring of rows ahead per output tile) the same way; and the MXFP8 quantise-dequantise kernel
- * (quant/qdq_mxfp8.cuh: row-wise / column-wise / both, plans, gathered rows) against the C core's
- * mok_qdq_mxfp8_rows / _cols. Built and run by tests/test_fp8_emu.py:
+ * (quant/qdq_mxfp8.cuh: row-wise / column-wise / both, plans, gathered rows) and the BF16 GEMM's on-load
+ * qdq of a K-major shared-memory tile (quant/qdq_mxfp8_smem.cuh) against the C core's mok_qdq_mxfp8_rows /
+ * _cols. Built and run by tests/test_fp8_emu.py:
  *
  *     quant_emu SEED     prints one line per failure and "N passed, N failed"
  */
@@ -22,6 +23,7 @@
 #include "quant/swiglu_quantize_stream.cuh"
 #include "quant/rowcol_stream.cuh"
 #include "quant/qdq_mxfp8.cuh"
+#include "quant/qdq_mxfp8_smem.cuh"
 #include "common/vec.cuh"
 #include "mok_core.h"
 
@@ -351,6 +353,50 @@ void run_qdq_case(Rng& rng, bool rows, bool cols, int64_t M, int64_t N, int offs
     }
 }
 
+/* The BF16 GEMM's on-load qdq of its A operand (quant/qdq_mxfp8_smem.cuh) against the C core's
+ * mok_qdq_mxfp8_rows: a warpgroup's [64 rows][64 K] tile of random bf16 rows (make_input's edge blocks) laid
+ * out K-major in the 128B swizzle, the 128 threads run one after the other (no thread reads another's
+ * chunks), then read back through the swizzle. kd < 64: the K-block is the last, partial one, its columns
+ * past kd zero as the loads fill them (the core sees a [64, kd] tensor, its last block partial); those
+ * columns must come back 0 except in a NaN/Inf block (where the core's row is NaN in every real column
+ * anyway). */
+void run_qdq_smem_case(Rng& rng, int kd) {
+    using namespace mok_qdq;
+    const std::vector<uint16_t> x = make_input(rng, kSmemTileRows, kd);
+    alignas(1024) static uint8_t tile[kSmemTileRows * kSmemRowBytes];
+    auto at = [](int r, int c) { /* byte offset of element (r, c) in the swizzled tile */
+        return r * kSmemRowBytes + ((((c * 2) >> 4) ^ (r & 7)) << 4) + (c * 2 & 15);
+    };
+    for (int r = 0; r < kSmemTileRows; ++r)
+        for (int c = 0; c < 64; ++c) {
+            const uint16_t v = c < kd ? x[(size_t)(r * kd + c)] : 0;
+            memcpy(tile + at(r, c), &v, 2);
+        }
+    struct { /* 16-byte loads and stores at "shared addresses": offsets into the tile */
+        uint4 load(uint32_t addr) const {
+            uint4 v;
+            memcpy(&v, tile + addr, 16);
+            return v;
+        }
+        void store(uint32_t addr, const uint4& v) const { memcpy(tile + addr, &v, 16); }
+    } mem;
+    for (int t = 0; t < 128; ++t) qdq_rows_kmajor_sw128(mem, 0u, t);
+    std::vector<uint16_t> got((size_t)(kSmemTileRows * kd)), want(got.size());
+    bool tail_ok = true;
+    for (int r = 0; r < kSmemTileRows; ++r)
+        for (int c = 0; c < 64; ++c) {
+            uint16_t v;
+            memcpy(&v, tile + at(r, c), 2);
+            if (c < kd) got[(size_t)(r * kd + c)] = v;
+            else if (v != 0 && v != 0x7FC0) tail_ok = false;
+        }
+    if (mok_qdq_mxfp8_rows(x.data(), kSmemTileRows, kd, 0, kSmemTileRows, want.data()) != MOK_OK)
+        throw std::runtime_error("core qdq rows");
+    const std::string label = "qdq mxfp8 smem tile kd=" + std::to_string(kd);
+    emu::expect_same(got, want, label);
+    emu::expect(tail_ok, label + " columns past kd");
+}
+
 /* One SwiGLU + quantisation kernel (forward or backward; rows, cols, keep) on random h and d_act
  * against SwiGLU computed here with the same functions, then the C core's quantisations. */
 /* mn / col_tile (v52, the one-node FP8 layer's column copies): scales_t MN-major, the column-wise copy in
@@ -611,6 +657,9 @@ int main(int argc, char** argv) {
             run_qdq_case(rng, false, true, sh.first, sh.second, offset, kPlan);
             run_qdq_case(rng, true, true, sh.first, sh.second, offset, kPlan);
         }
+    /* the GEMM's on-load qdq of A (qdq_mxfp8_smem.cuh): whole K-blocks, and last K-blocks of 8-56 columns */
+    for (int i = 0; i < 24; ++i) run_qdq_smem_case(rng, 64);
+    for (int kd : {8, 24, 32, 40, 56}) run_qdq_smem_case(rng, kd);
     for (int64_t M : {40, 130, 256}) {
         run_qdq_case(rng, false, true, M, 136, 0, kBadPlan);
         run_qdq_case(rng, true, true, M, 72, 1, kBadPlan);

@@ -45,9 +45,11 @@
 #include "../common/swiglu.cuh"
 #include "../ptx/cluster.cuh"
 #include "../ptx/mbarrier.cuh"
+#include "../ptx/smem.cuh"
 #include "../ptx/stmatrix.cuh"
 #include "../ptx/tma.cuh"
 #include "../ptx/wgmma.cuh"
+#include "../quant/qdq_mxfp8_smem.cuh"
 #include "scheduler.cuh"
 
 namespace mok_sm90 {
@@ -605,19 +607,31 @@ __device__ __forceinline__ uint64_t operand_desc(uint32_t smem_addr, int k16) {
  * the previous K-block is released once its wgmma group has retired (one group stays in flight).
  * A stage lent to the previous tile's epilogue is given back while the first K-block runs. The
  * last stage is released, or with lend_last (both warpgroups must agree) lent to this tile's
- * epilogue. */
-template <bool kGather, bool kAMN, bool kBMN, int kCluster, typename Hook>
+ * epilogue. kQdqA: each warpgroup first replaces its 64 rows of A (K-major) by their MXFP8
+ * quantise-dequantise, in place (quant/qdq_mxfp8_smem.cuh), while its previous K-block's wgmma runs. */
+template <bool kGather, bool kAMN, bool kBMN, int kCluster, bool kQdqA, typename Hook>
 __device__ __forceinline__ void consume_kblocks(smem_layout& s, float* acc, int64_t num_kb, uint32_t& stage,
                                                 uint32_t& phase, int wg, int lane, epi_stager& epi, bool lend_last,
                                                 Hook&& while_first_kblock_runs) {
+    static_assert(!kQdqA || !kAMN, "the on-load qdq reads K-major rows of A");
     uint32_t prev_stage = 0;
     for (int64_t kb = 0; kb < num_kb; ++kb) {
         const long long t_wait = MOK_TIMING_NOW();
         mbarrier_wait_parity(&s.full[stage], phase);
         MOK_TIMING_ADD(TIMING_FULL_WAIT, t_wait);
+        if (kQdqA) {
+            mok_qdq::qdq_rows_kmajor_sw128(shared_u32x4{}, mok_smem_u32(&s.a[stage][wg * 64 * BK]),
+                                           (int)(threadIdx.x & 127));
+            /* NOTE: the rows were written through the generic proxy and wgmma reads through the
+             * async proxy: each thread fences its writes, then the warpgroup meets (its wgmma reads
+             * all 64 rows). The fence also orders them before the producer's next TMA write into
+             * the stage, which follows this warpgroup's release of it. */
+            fence_proxy_async_shared();
+            named_barrier_sync(1 + wg, 128);
+        }
         /* NOTE: gathered A was written by cp.async (generic proxy); wgmma reads through the async
          * proxy, so order the two in this thread before the first wgmma. */
-        if (kGather) fence_proxy_async_shared();
+        if (kGather && !kQdqA) fence_proxy_async_shared();
         /* NOTE: a warpgroup's 64 rows of A are 8 KiB in both layouts (64 K-major rows, or one
          * MN-major chunk). */
         const uint32_t a_addr = mok_smem_u32(&s.a[stage][wg * 64 * BK]);
@@ -690,7 +704,7 @@ __device__ __forceinline__ void store_tile_tma(epi_stager& e, const params& p, c
     }
 }
 
-template <bool kSwiGLU, bool kGather, bool kBMN, int kCluster>
+template <bool kSwiGLU, bool kGather, bool kBMN, int kCluster, bool kQdqA>
 __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t rows_used, const CUtensorMap* tma_out,
                                         const CUtensorMap* tma_act) {
     const int wg = (threadIdx.x / 128) - 1; /* consumer warpgroup 0 or 1: rows wg * 64 .. + 64 */
@@ -748,7 +762,7 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
             const int64_t tile_end = tile.m0 + BM < p.R ? tile.m0 + BM : p.R;
             const bool whole_tile = pass_real(w) && seg_lo <= tile.m0 && seg_hi >= tile_end;
             const long long t_main = MOK_TIMING_NOW();
-            consume_kblocks<kGather, false, kBMN, kCluster>(s, acc, num_kb, stage, phase, wg, lane, epi, whole_tile, [&] {
+            consume_kblocks<kGather, false, kBMN, kCluster, kQdqA>(s, acc, num_kb, stage, phase, wg, lane, epi, whole_tile, [&] {
                 if (last_pass) fetch_next();
             });
             MOK_TIMING_ADD(TIMING_MAINLOOP, t_main);
@@ -881,7 +895,7 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
         const mok_tile tile = cta_tile<kCluster>(unit, rank, INT64_MAX);
         const int64_t num_kb = wgrad_kblocks(p, offs, tile.group);
         if (num_kb > 0) {
-            consume_kblocks<false, true, true, kCluster>(s, acc, num_kb, stage, phase, wg, lane, epi, true, [] {});
+            consume_kblocks<false, true, true, kCluster, false>(s, acc, num_kb, stage, phase, wg, lane, epi, true, [] {});
         } else {
             /* ---- no rows (zeros), or unaligned rows: one FMA chain per output, in row order ---- */
             int64_t lo = offs[tile.group], hi = num_kb == 0 ? lo : offs[tile.group + 1];
@@ -917,12 +931,15 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
     epi_finish(epi);
 }
 
-template <bool kSwiGLU, bool kGather, bool kBMN, bool kWgrad, int kCluster>
+/* kQdqA: A's rows quantise-dequantised to MXFP8 (1 x 32 blocks along K) on load, in the consumers
+ * (consume_kblocks): out = qdq_mxfp8_rows(A) . B, bit for bit the plain kernel on the row-wise qdq copy. */
+template <bool kSwiGLU, bool kGather, bool kBMN, bool kWgrad, int kCluster, bool kQdqA = false>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_bf16_nt_kernel(const __grid_constant__ CUtensorMap tma_a, const __grid_constant__ CUtensorMap tma_b,
                                 const __grid_constant__ CUtensorMap tma_out, const __grid_constant__ CUtensorMap tma_act,
                                 const params p) {
-    static_assert(!kWgrad || (!kSwiGLU && !kGather && !kBMN), "the weight-gradient variant reads both operands by TMA");
+    static_assert(!kWgrad || (!kSwiGLU && !kGather && !kBMN && !kQdqA),
+                  "the weight-gradient variant reads both operands by TMA");
     static_assert(!(kSwiGLU && kBMN), "the SwiGLU epilogue reads gate and up rows of a K-major weight");
     static_assert(kCluster == 1 || kCluster == 2, "one CTA, or a pair sharing B by multicast");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -963,7 +980,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (kWgrad) {
             consume_wgrad<kCluster>(s, p, &tma_out);
         } else {
-            consume<kSwiGLU, kGather, kBMN, kCluster>(s, p, mok_rows_in_use(plan_offsets(s, p), p.E, p.R), &tma_out, &tma_act);
+            consume<kSwiGLU, kGather, kBMN, kCluster, kQdqA>(s, p, mok_rows_in_use(plan_offsets(s, p), p.E, p.R), &tma_out, &tma_act);
         }
     }
     /* ---- a CTA's shared memory (stages, barriers) must outlive its peer's multicasts and

@@ -1,5 +1,5 @@
 /*
- * Shared-memory loads by 32-bit shared address (sm_90). A struct reached through a pointer cast
+ * Shared-memory loads and stores by 32-bit shared address (sm_90). A struct reached through a pointer cast
  * from the dynamic shared-memory base loses its address space, and the compiler then emits generic
  * loads (LD.E); these wrappers emit LDS.
  */
@@ -31,5 +31,18 @@ __device__ __forceinline__ uint4 ld_shared_u32x4(uint32_t addr) {
                  : "memory");
     return v;
 }
+
+/* 16 bytes to a 32-bit shared address (16-byte aligned) */
+__device__ __forceinline__ void st_shared_u32x4(uint32_t addr, const uint4& v) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+/* The two above as an accessor object, for code that also runs on the CPU emulation (which passes
+ * its own, over an array). */
+struct shared_u32x4 {
+    __device__ __forceinline__ uint4 load(uint32_t addr) const { return ld_shared_u32x4(addr); }
+    __device__ __forceinline__ void store(uint32_t addr, const uint4& v) const { st_shared_u32x4(addr, v); }
+};
 
 #endif /* MOK_CUDA_PTX_SMEM_CUH */
