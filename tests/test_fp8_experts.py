@@ -478,8 +478,11 @@ def test_fp8_wgrad_matches_its_emulation(monkeypatch, device, case, fp8_dgrad, f
         # column block otherwise): about 1 in 16 of the tile's codes then lands one E4M3 step away. One
         # H100 run read 1.13e-2 on d_down here (T150, K3, with fp8_dgrad); a wrong tile scale or block
         # layout is ~1e-1 or more, and the GPU tests pin the kernels bit for bit (test_fp8.py,
-        # test_fp8_gemm.py's tiled tests).
-        tol = max(tol, 2 * TOL_EMULATION)
+        # test_fp8_gemm.py's tiled tests). Where one tile holds each expert's rows (T * K <= 128 here; at
+        # T = 1 d_down is d_rows^T times one row of act), such a flip moves a whole expert's gradient: 1 in 16
+        # codes one step (6-12%) away is ~2-3% (an H100 run read 3.3e-2 on d_down at T1-K1, v31); 5e-2
+        # keeps half of the distance to a wrong tile.
+        tol = max(tol, 5 * TOL_EMULATION if case.T * case.K <= 128 else 2 * TOL_EMULATION)
     # (one token: each column block of the FP8 copies holds one nonzero value, which E4M3 with its
     # own scale represents exactly, so the FP8 weight gradient equals the BF16 one there)
     _check_fp8_wgrad(x, idx, w, gu, dn, fp8_dgrad, really_fp8=case.T > 1, tol=tol, fp8_wgrad=fp8_wgrad)
