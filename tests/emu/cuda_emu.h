@@ -304,6 +304,7 @@ inline double __dmul_rn(double a, double b) { return a * b; }
 inline double __ddiv_rn(double a, double b) { return a / b; }
 inline double __fma_rn(double a, double b, double c) { return fma(a, b, c); }
 inline float __expf(float x) { return expf(x); }
+inline float mok_exp_for_one_plus(float x) { return expf(x); } /* common/swiglu.cuh's, as __expf here */
 inline float __fdividef(float a, float b) { return a / b; }
 
 /* ---- the launch helpers' device queries (common/launch.cuh's grid sizing) ----

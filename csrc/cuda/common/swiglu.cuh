@@ -17,6 +17,19 @@ __device__ __forceinline__ Acc mok_sigmoid(Acc g) {
     return mok_div((Acc)1, mok_add((Acc)1, mok_exp(-g)));
 }
 
+/* exp(x) for 1 + exp(x) only: __expf's ex2.approx of x * log2(e) with results below 2^-126 flushed to zero
+ * (.ftz). Why: __expf keeps those results subnormal at the cost of a compare and two predicated multiplies
+ * around the MUFU.EX2, per value (cuobjdump); added to 1 they vanish either way (1 + e == 1 in fp32 for
+ * e < 2^-24), so silu and sigmoid keep their bits (benchmarks/swiglu_exp_check.cu checks all 2^32 g;
+ * performance log v57). The CPU emulation (tests/emu/cuda_emu.h) defines its own. */
+#ifndef MOK_TESTS_CUDA_EMU_H
+__device__ __forceinline__ float mok_exp_for_one_plus(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(__fmul_rn(x, 1.44269504088896341f)));
+    return y;
+}
+#endif
+
 /* float: exp through ex2.approx and an approximate reciprocal (a few ulp of fp32, far below the
  * bf16/fp16 rounding that follows; fp32 data stays within the tests' fp32 tolerance).
  * NOTE: the full-precision expf and IEEE division made the GEMM1 epilogue issue-bound: about
@@ -25,11 +38,11 @@ __device__ __forceinline__ Acc mok_sigmoid(Acc g) {
  * Large -g: exp gives inf and the quotient 0 (or -0), as the exact result rounds to. */
 template <>
 __device__ __forceinline__ float mok_silu<float>(float g) {
-    return __fdividef(g, 1.0f + __expf(-g));
+    return __fdividef(g, 1.0f + mok_exp_for_one_plus(-g));
 }
 template <>
 __device__ __forceinline__ float mok_sigmoid<float>(float g) {
-    return __fdividef(1.0f, 1.0f + __expf(-g));
+    return __fdividef(1.0f, 1.0f + mok_exp_for_one_plus(-g));
 }
 
 /* act = silu(g) * u (before the final rounding to the storage type). */
