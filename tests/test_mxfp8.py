@@ -585,6 +585,22 @@ def test_mxfp8_experts_partial_gradients():
         assert torch.equal(MX.experts_mxfp8(x, mok.functional.moe_plan(idx, case.E), case.K, w, gu, dn), y)
 
 
+def _expect_same_bits_both_ways(monkeypatch, setting, device, case, wanted):
+    """y and the gradients of the inputs that want one (x, topk_w, gate_up, down by index) bitwise the same
+    with MX.<setting> True and False."""
+    x, idx, w, gu, dn = make_inputs(case, device)
+    leaves = [t.detach().requires_grad_(i in wanted) for i, t in enumerate((x, w, gu, dn))]
+    g, results = None, []
+    for value in (True, False):
+        monkeypatch.setattr(MX, setting, value)
+        y = MX.experts_mxfp8(leaves[0], mok.functional.moe_plan(idx, case.E), case.K, *leaves[1:])
+        g = make_grad(y) if g is None else g
+        results.append([y] + list(torch.autograd.grad(y, [leaves[i] for i in wanted], g)))
+    for a, b in zip(*results):
+        assert torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a,
+                           b.view(torch.int16) if b.dtype == torch.bfloat16 else b), f"{setting} {case} {wanted}"
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES[1:5], ids=str)
 @pytest.mark.parametrize("wanted", [(0, 1, 2, 3), (1, 2, 3), (3,), (0,), (1,), (2,)], ids=str)
@@ -592,17 +608,7 @@ def test_gather_qdq_gives_the_bits_of_the_bf16_gathers(monkeypatch, device, case
     # GATHER_QDQ: x_rows' and d_rows' qdq copies straight from x and dy (True, the default; d_rows through
     # _MxDownCombine) or from the bf16 gathers (False); y and the gradients of the inputs that want one
     # (x, topk_w, gate_up, down by index) bitwise the same.
-    x, idx, w, gu, dn = make_inputs(case, device)
-    leaves = [t.detach().requires_grad_(i in wanted) for i, t in enumerate((x, w, gu, dn))]
-    g, results = None, []
-    for gather_qdq in (True, False):
-        monkeypatch.setattr(MX, "GATHER_QDQ", gather_qdq)
-        y = MX.experts_mxfp8(leaves[0], mok.functional.moe_plan(idx, case.E), case.K, *leaves[1:])
-        g = make_grad(y) if g is None else g
-        results.append([y] + list(torch.autograd.grad(y, [leaves[i] for i in wanted], g)))
-    for a, b in zip(*results):
-        assert torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a,
-                           b.view(torch.int16) if b.dtype == torch.bfloat16 else b), f"{case} {wanted}"
+    _expect_same_bits_both_ways(monkeypatch, "GATHER_QDQ", device, case, wanted)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -612,17 +618,7 @@ def test_qdq_in_gemm_gives_the_bits_of_the_qdq_copies(monkeypatch, device, case,
     # QDQ_IN_GEMM: the row-wise qdq of x_rows, act and d_h made by the GEMMs as they load them instead of the
     # qdq passes; y and the gradients of the inputs that want one (x, topk_w, gate_up, down by index) bitwise
     # the same (on CUDA the on-load qdq kernels against the plain ones, on the CPU the op's definition).
-    x, idx, w, gu, dn = make_inputs(case, device)
-    leaves = [t.detach().requires_grad_(i in wanted) for i, t in enumerate((x, w, gu, dn))]
-    g, results = None, []
-    for qdq_in_gemm in (True, False):
-        monkeypatch.setattr(MX, "QDQ_IN_GEMM", qdq_in_gemm)
-        y = MX.experts_mxfp8(leaves[0], mok.functional.moe_plan(idx, case.E), case.K, *leaves[1:])
-        g = make_grad(y) if g is None else g
-        results.append([y] + list(torch.autograd.grad(y, [leaves[i] for i in wanted], g)))
-    for a, b in zip(*results):
-        assert torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a,
-                           b.view(torch.int16) if b.dtype == torch.bfloat16 else b), f"{case} {wanted}"
+    _expect_same_bits_both_ways(monkeypatch, "QDQ_IN_GEMM", device, case, wanted)
 
 
 # (T, K, E, H, N, routing): one token, K = 1, an empty expert, one expert taking every row, K-blocks of 64

@@ -254,18 +254,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_scaled_backward(const at::
 // grouped GEMMs
 // ---------------------------------------------------------------------------------------------
 
-at::Tensor grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, int64_t a_gather_div,
-                      const at::Tensor& b, const at::Tensor& offsets, bool trans_b) {
-    auto d = check_grouped_mm("mok.grouped_mm", a, a_gather, a_gather_div, b, offsets, trans_b);
+// out [R, N] of a plain grouped GEMM: zeros without a contraction or experts, else run(out).
+template <typename Run>
+at::Tensor grouped_mm_out(const GroupedMMDims& d, const at::Tensor& a, Run&& run) {
     auto out = at::empty({d.R, d.N}, a.options());
     if (out.numel() > 0) {
         if (d.Kd == 0 || d.E == 0) {
             out.zero_();
         } else {
-            MOK_DISPATCH(a, grouped_mm, a, a_gather, a_gather_div, b, offsets, trans_b, out, nullptr);
+            run(out);
         }
     }
     return out;
+}
+
+at::Tensor grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, int64_t a_gather_div,
+                      const at::Tensor& b, const at::Tensor& offsets, bool trans_b) {
+    auto d = check_grouped_mm("mok.grouped_mm", a, a_gather, a_gather_div, b, offsets, trans_b);
+    return grouped_mm_out(d, a, [&](at::Tensor& out) {
+        MOK_DISPATCH(a, grouped_mm, a, a_gather, a_gather_div, b, offsets, trans_b, out, nullptr);
+    });
 }
 
 // GEMM1 of the expert MLP: token rows gathered on load (row r reads x[src_of_row[r] / top_k]),
@@ -324,15 +332,9 @@ at::Tensor grouped_mm_mxfp8_a(const at::Tensor& a, const c10::optional<at::Tenso
     const char* op = "mok.grouped_mm_mxfp8_a";
     auto d = check_grouped_mm(op, a, a_gather, a_gather_div, b, offsets, trans_b);
     check_dtype(a, at::kBFloat16, op, "a");
-    auto out = at::empty({d.R, d.N}, a.options());
-    if (out.numel() > 0) {
-        if (d.Kd == 0 || d.E == 0) {
-            out.zero_();
-        } else {
-            MOK_DISPATCH(a, grouped_mm_mxfp8_a, a, a_gather, a_gather_div, b, offsets, trans_b, out, nullptr);
-        }
-    }
-    return out;
+    return grouped_mm_out(d, a, [&](at::Tensor& out) {
+        MOK_DISPATCH(a, grouped_mm_mxfp8_a, a, a_gather, a_gather_div, b, offsets, trans_b, out, nullptr);
+    });
 }
 
 // grouped_mm_swiglu(x, src_of_row, row_of, top_k, gate_up, offsets) on the MXFP8 row-wise qdq of the
