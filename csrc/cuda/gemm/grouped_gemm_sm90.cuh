@@ -614,7 +614,7 @@ __device__ __forceinline__ void consume_kblocks(smem_layout& s, float* acc, int6
                                                 uint32_t& phase, int wg, int lane, epi_stager& epi, bool lend_last,
                                                 Hook&& while_first_kblock_runs) {
     static_assert(!kQdqA || !kAMN, "the on-load qdq reads K-major rows of A");
-    uint32_t prev_stage = 0, prev2_stage = 0; /* (prev2: kQdqA's second K-block in flight) */
+    uint32_t prev_stage = 0;
     for (int64_t kb = 0; kb < num_kb; ++kb) {
         const long long t_wait = MOK_TIMING_NOW();
         mbarrier_wait_parity(&s.full[stage], phase);
@@ -651,18 +651,10 @@ __device__ __forceinline__ void consume_kblocks(smem_layout& s, float* acc, int6
             /* (measured, v26: giving it back one K-block later was 1% slower) */
             epi_return_stage<kCluster>(s, epi);
         }
-        if (kQdqA) {
-            /* two K-blocks stay in flight, so that the next stage's rounding runs under both
-             * (v59: with one, each rounding GEMM ran ~1.5x as long) */
-            wgmma_wait_group<2>();
-            if (kb > 1 && lane == 0) release_stage<kCluster>(s, prev2_stage);
-            prev2_stage = prev_stage;
-        } else {
-            wgmma_wait_group<1>();
-            /* ---- release the previous stage: one arrival per consumer warp (in both CTAs of a
-             * cluster: either producer writes into both) ---- */
-            if (kb > 0 && lane == 0) release_stage<kCluster>(s, prev_stage);
-        }
+        wgmma_wait_group<1>();
+        /* ---- release the previous stage: one arrival per consumer warp (in both CTAs of a
+         * cluster: either producer writes into both) ---- */
+        if (kb > 0 && lane == 0) release_stage<kCluster>(s, prev_stage);
         prev_stage = stage;
         if (++stage == kStages) {
             stage = 0;
@@ -671,7 +663,6 @@ __device__ __forceinline__ void consume_kblocks(smem_layout& s, float* acc, int6
     }
     const long long t_drain = MOK_TIMING_NOW();
     wgmma_wait_group<0>();
-    if (kQdqA && num_kb > 1 && lane == 0) release_stage<kCluster>(s, prev2_stage);
     if (num_kb > 0) {
         if (MOK_SM90_EPI_LEND && lend_last) {
             epi_lend_stage(s, epi, prev_stage);
