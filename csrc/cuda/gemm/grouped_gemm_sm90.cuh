@@ -762,9 +762,11 @@ __device__ __forceinline__ void consume(smem_layout& s, const params& p, int64_t
             const int64_t tile_end = tile.m0 + BM < p.R ? tile.m0 + BM : p.R;
             const bool whole_tile = pass_real(w) && seg_lo <= tile.m0 && seg_hi >= tile_end;
             const long long t_main = MOK_TIMING_NOW();
-            consume_kblocks<kGather, false, kBMN, kCluster, kQdqA>(s, acc, num_kb, stage, phase, wg, lane, epi, whole_tile, [&] {
+            auto fetch_after_last_pass = [&] {
                 if (last_pass) fetch_next();
-            });
+            };
+            consume_kblocks<kGather, false, kBMN, kCluster, kQdqA>(s, acc, num_kb, stage, phase, wg, lane, epi,
+                                                                  whole_tile, fetch_after_last_pass);
             MOK_TIMING_ADD(TIMING_MAINLOOP, t_main);
             MOK_TIMING_COUNT(TIMING_TILES);
             if (!pass_real(w)) {
@@ -895,7 +897,8 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
         const mok_tile tile = cta_tile<kCluster>(unit, rank, INT64_MAX);
         const int64_t num_kb = wgrad_kblocks(p, offs, tile.group);
         if (num_kb > 0) {
-            consume_kblocks<false, true, true, kCluster, false>(s, acc, num_kb, stage, phase, wg, lane, epi, true, [] {});
+            consume_kblocks<false, true, true, kCluster, false>(s, acc, num_kb, stage, phase, wg, lane, epi, true,
+                                                                [] {});
         } else {
             /* ---- no rows (zeros), or unaligned rows: one FMA chain per output, in row order ---- */
             int64_t lo = offs[tile.group], hi = num_kb == 0 ? lo : offs[tile.group + 1];
@@ -980,7 +983,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (kWgrad) {
             consume_wgrad<kCluster>(s, p, &tma_out);
         } else {
-            consume<kSwiGLU, kGather, kBMN, kCluster, kQdqA>(s, p, mok_rows_in_use(plan_offsets(s, p), p.E, p.R), &tma_out, &tma_act);
+            consume<kSwiGLU, kGather, kBMN, kCluster, kQdqA>(s, p, mok_rows_in_use(plan_offsets(s, p), p.E, p.R),
+                                                             &tma_out, &tma_act);
         }
     }
     /* ---- a CTA's shared memory (stages, barriers) must outlive its peer's multicasts and
