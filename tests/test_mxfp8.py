@@ -647,7 +647,6 @@ def test_grouped_mm_mxfp8_a_is_the_gemm_of_the_row_qdq(device, case, monkeypatch
     T, K, E, H, N, _ = case
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
     x, plan = _mxa_inputs(case, device, gen)
-    R = plan.src_of_row.shape[0]
     rows = ops.gather_rows(x, plan.src_of_row, None, K)
     b_nt = torch.randn(E, N, H, generator=gen).bfloat16().to(device)
     b_nn = torch.randn(E, H, N, generator=gen).bfloat16().to(device)
@@ -671,7 +670,6 @@ def test_grouped_mm_mxfp8_a_is_the_gemm_of_the_row_qdq(device, case, monkeypatch
                                            rows_qdq(rows))
         same(h, h_w, f"swiglu h cluster={cluster}")
         same(act, act_w, f"swiglu act cluster={cluster}")
-    assert R == rows.shape[0]
     if device == "cuda":
         mok.check_errors(synchronize=True)
 
