@@ -142,17 +142,14 @@ class _MxGateUp(torch.autograd.Function):
         if ctx.in_gemm:
             x_c = ops.qdq_mxfp8_gather(x, src_of_row, None, top_k, offsets, False, True)[1] if need_w else None
             act, h = ops.grouped_mm_swiglu_mxfp8_a(x, src_of_row, top_k, w_rows, offsets)
-            ctx.save_for_backward(src_of_row, row_of, offsets, x_c, w_cols)
-            ctx.mark_non_differentiable(act)
-            ctx.set_materialize_grads(False)
-            return h, act
-        if GATHER_QDQ:
-            x_r, x_c = ops.qdq_mxfp8_gather(x, src_of_row, None, top_k, offsets, True, need_w)
         else:
-            x_rows = ops.gather_rows(x, src_of_row, None, top_k, row_of)
-            x_r, x_c = ops.qdq_mxfp8(x_rows, offsets, True, need_w)
-            del x_rows
-        act, h = ops.grouped_mm_swiglu(x, src_of_row, row_of, top_k, w_rows, offsets, x_r)
+            if GATHER_QDQ:
+                x_r, x_c = ops.qdq_mxfp8_gather(x, src_of_row, None, top_k, offsets, True, need_w)
+            else:
+                x_rows = ops.gather_rows(x, src_of_row, None, top_k, row_of)
+                x_r, x_c = ops.qdq_mxfp8(x_rows, offsets, True, need_w)
+                del x_rows
+            act, h = ops.grouped_mm_swiglu(x, src_of_row, row_of, top_k, w_rows, offsets, x_r)
         ctx.save_for_backward(src_of_row, row_of, offsets, x_c if need_w else None, w_cols)
         ctx.mark_non_differentiable(act)
         ctx.set_materialize_grads(False)
