@@ -63,7 +63,8 @@ GATHER_QDQ = True
 # gradients need (none at all without gradients). The same bits either way; d_rows keeps its pass (its
 # rows are a weighted gather of dy). Measured slower (performance log v59, H100: 0.78x / 0.83x / 0.82x mok
 # BF16 on Qwen3 / Mixtral / DeepSeek-V3 against 0.92x / 1.02x / 0.99x): the GEMM rounds each value of A once
-# per N-tile, and that rounding is not hidden under the MMA.
+# per N-tile, and that rounding is not hidden under the MMA (v60: likely shared-memory bandwidth, not its
+# instructions).
 QDQ_IN_GEMM = False
 
 
