@@ -11,6 +11,8 @@
  *                                   default: DeepSeek-V3 slice GEMM1's d_W, 65536 32 4096 7168)
  *
  * MOK_SM90_FP8_CLUSTER=2 in the environment runs the forward as 2-CTA pairs sharing B (multicast).
+ * MOK_FP8_CHECK_BALANCED=1 gives the timed problem equal experts (as bench_gemm_fp8.py's balanced plans)
+ * instead of ragged ones with an empty expert.
  * MOK_FP8_CHECK_SWIGLU=1 runs the SwiGLU variant (B's rows read as [gate | up], act = SwiGLU(h) written
  * too; h is checked as usual, act is not: tests/test_fp8_gemm.py checks it bitwise); with
  * MOK_SM90_FP8_SWIGLU_BN=192 as well, its experimental 128 x 192 tiles (performance log v32, not yet
@@ -83,11 +85,15 @@ static problem make_problem(int64_t R, int64_t E, int64_t N, int64_t K) {
     p.sb.resize(E * (N / 128) * (K / 128));
     for (auto& v : p.sa) v = random_scale();
     for (auto& v : p.sb) v = random_scale();
-    /* experts of ragged 128-row multiples, one of them empty, summing to R */
+    /* experts of ragged 128-row multiples, one of them empty, summing to R; MOK_FP8_CHECK_BALANCED=1: equal
+     * experts, as the layer benchmarks' balanced routing makes them (R a multiple of 128 E) */
+    const char* balanced_env = getenv("MOK_FP8_CHECK_BALANCED");
+    const bool balanced = balanced_env && balanced_env[0] == '1' && R % (128 * E) == 0;
     p.offsets.assign(E + 1, 0);
     int64_t left = R / 128;
     for (int64_t e = 0; e < E; ++e) {
-        int64_t tiles = e == E - 1 ? left : (e == 1 ? 0 : (int64_t)(next_u32() % (2 * (R / 128) / E + 1)));
+        int64_t tiles = balanced ? R / 128 / E
+                                 : e == E - 1 ? left : (e == 1 ? 0 : (int64_t)(next_u32() % (2 * (R / 128) / E + 1)));
         tiles = tiles > left ? left : tiles;
         left -= tiles;
         p.offsets[e + 1] = p.offsets[e] + (int32_t)(tiles * 128);

@@ -25,7 +25,11 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
-enum { MOK_SCHED_BAND = 16 }; /* M-tiles per band of the walk */
+/* M-tiles per band of the walk (-DMOK_SCHED_BAND_M_TILES=B: the experiment builds of the standalone checkers) */
+#ifndef MOK_SCHED_BAND_M_TILES
+#define MOK_SCHED_BAND_M_TILES 16
+#endif
+enum { MOK_SCHED_BAND = MOK_SCHED_BAND_M_TILES };
 
 struct mok_tile_sched {
     int64_t num_groups, num_m_tiles, num_n_tiles, num_tiles;
