@@ -19,6 +19,9 @@
 # ($OUT/fp8_tails.md; tests/test_fp8_experts.py's tolerances).
 # TRACE=1 also traces the Qwen3 layer kernel by kernel in BF16 and all-FP8 (one node, three nodes, tiled) ($OUT/trace_qwen3_fp8.txt;
 # TRACE_IMPLS=a,b,... replaces the impls, TRACE_SHAPES=a,b,... the shape).
+# CHECK_BALANCED=1 also times the FP8 checker's N = 4096 forward GEMMs (DeepSeek-V3's GEMM1, Mixtral's GEMM2) with
+# ragged experts against balanced ones (MOK_FP8_CHECK_BALANCED=1), and balanced with the tile walk's band at 8 and
+# 32 M-tiles (-DMOK_SCHED_BAND_M_TILES; default 16), two rounds ($OUT/checker_balanced.txt; v61's probe).
 # SWIGLU_WIDTHS=1 also times the fused SwiGLU GEMM1's tile widths in the standalone checker (128 x 128
 # against the opt-in 128 x 192, MOK_SM90_FP8_SWIGLU_BN=192; v32), interleaved.
 # FFMA_YIELD=1 also times the FP8 checker with its promotion FFMAs made yield points (v58; benchmarks/sass_yield.py)
@@ -31,7 +34,7 @@
 # of an older tree, as for BF16_AB), interleaved, after benchmarks/swiglu_exp_check.cu where this tree has it
 # ($OUT/swiglu_quant_ab.txt; SQ_AB_PROBLEMS="R I ..." replaces the three shapes, SQ_AB_ROUNDS the two rounds).
 # SKIP_BUILD=1 builds no extension (about 85 s less) and so runs only the options that build their own
-# harness (SQ_TIMING, SQ_AB, ROWCOL_TIMING, SWIGLU_WIDTHS, FFMA_YIELD, BF16_AB): it implies SKIP_TESTS,
+# harness (SQ_TIMING, SQ_AB, ROWCOL_TIMING, SWIGLU_WIDTHS, CHECK_BALANCED, FFMA_YIELD, BF16_AB): it implies SKIP_TESTS,
 # SKIP_QUANT, SKIP_GEMM and SKIP_LAYER, and refuses FFMA_YIELD_LIB, TAILS and TRACE.
 # BF16_AB=DIR also times the BF16 kernel built from this tree against the one in DIR (a copy of an
 # older tree: `mkdir -p _ab/old && git archive HEAD csrc benchmarks | tar -x -C _ab/old`) on the
@@ -98,6 +101,29 @@ if [ -n "${ROWCOL_TIMING:-}" ]; then
     nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -Ibenchmarks -o /tmp/mok_rct \
         benchmarks/rowcol_timing.cu && timeout 90 /tmp/mok_rct > "$OUT/rowcol_timing.txt" 2>&1
     echo "rowcol_timing ($((SECONDS - T0)) s):"; cat "$OUT/rowcol_timing.txt"
+fi
+
+if [ -n "${CHECK_BALANCED:-}" ]; then
+    # v61: is the bench's loss at N = 4096 (against the checker's ragged problems) the balanced plans' walk?
+    for band in 16 8 32; do
+        nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Icsrc/cuda -DMOK_SCHED_BAND_M_TILES=$band \
+            -o /tmp/mok_fp8_check_b$band benchmarks/sm90_fp8_gemm_check.cu > /tmp/mok_fp8_check_b$band.log 2>&1 &
+    done
+    wait
+    {
+        for round in 1 2; do
+            for prob in "65536 32 4096 7168" "16384 8 4096 14336"; do
+                for run in "16 0" "16 1" "8 1" "32 1"; do
+                    set -- $run
+                    # shellcheck disable=SC2086
+                    line=$(MOK_FP8_CHECK_BALANCED=$2 timeout 60 /tmp/mok_fp8_check_b$1 $prob 2>&1 | grep -E '^R=|FAIL|error' |
+                           tr '\n' ' ')
+                    echo "$prob band $1 balanced $2 round $round: $line"
+                done
+            done
+        done
+    } > "$OUT/checker_balanced.txt" 2>&1
+    echo "FP8 checker, ragged against balanced ($((SECONDS - T0)) s):"; cut -c1-150 "$OUT/checker_balanced.txt"
 fi
 
 if [ -n "${SWIGLU_WIDTHS:-}" ]; then
