@@ -15,7 +15,7 @@
  * no bank conflicts. About 200 instructions per thread and K-block (12 per pair).
  * Measured (performance log v59, H100): a GEMM that rounds its A this way runs ~1.5x as long, since it
  * rounds each value of A once per N-tile and the rounding is not hidden under the MMA; recipe="mxfp8"
- * keeps its qdq passes by default. Not latency nor the conversions (v60: two K-blocks in flight and a
+ * keeps its qdq passes by default. Neither latency nor the conversions (v60: two K-blocks in flight and a
  * conversion-free rounding, no faster); likely the extra 32 bytes per clock of shared memory on a kernel
  * whose wgmma reads and TMA writes already use all 128.
  */
