@@ -276,6 +276,33 @@ at::Tensor grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_ga
     });
 }
 
+// The checks of a GEMM1 with SwiGLU over x's rows gathered by src_of_row (top_k rows per token),
+// gate_up [E, 2I, H] holding [gate | up] rows.
+GroupedMMDims check_grouped_mm_swiglu(const char* op, const at::Tensor& x, const at::Tensor& src_of_row, int64_t top_k,
+                                      const at::Tensor& gate_up, const at::Tensor& offsets) {
+    TORCH_CHECK_VALUE(top_k >= 1, op, ": top_k must be >= 1, got ", top_k);
+    auto d = check_grouped_mm(op, x, src_of_row, top_k, gate_up, offsets, true);
+    TORCH_CHECK_VALUE(d.N % 2 == 0, op, ": gate_up.shape[1] must be even ([gate | up] = 2 * I), got shape ",
+                      shape_str(gate_up));
+    return d;
+}
+
+// (act [R, I], h [R, 2I]) of a GEMM1 with SwiGLU: zeros without a contraction or experts, else run(h, act).
+template <typename Run>
+std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu_out(const GroupedMMDims& d, const at::Tensor& x, Run&& run) {
+    auto h = at::empty({d.R, d.N}, x.options());
+    auto act = at::empty({d.R, d.N / 2}, x.options());
+    if (h.numel() > 0) {
+        if (d.Kd == 0 || d.E == 0) {
+            h.zero_();
+            act.zero_();
+        } else {
+            run(h, act);
+        }
+    }
+    return {act, h};
+}
+
 // GEMM1 of the expert MLP: token rows gathered on load (row r reads x[src_of_row[r] / top_k]),
 // times gate_up[e]^T, then SwiGLU. Returns (act [R, I], h [R, 2I]); h is kept for backward.
 // row_of is not read here: autograd needs it to reduce dx over each token's K rows.
@@ -286,10 +313,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu(const at::Tensor& x, const 
                                                      const at::Tensor& gate_up, const at::Tensor& offsets,
                                                      const c10::optional<at::Tensor>& x_rows) {
     const char* op = "mok.grouped_mm_swiglu";
-    TORCH_CHECK_VALUE(top_k >= 1, op, ": top_k must be >= 1, got ", top_k);
-    auto d = check_grouped_mm(op, x, src_of_row, top_k, gate_up, offsets, true);
-    TORCH_CHECK_VALUE(d.N % 2 == 0, op, ": gate_up.shape[1] must be even ([gate | up] = 2 * I), got shape ",
-                      shape_str(gate_up));
+    auto d = check_grouped_mm_swiglu(op, x, src_of_row, top_k, gate_up, offsets);
     check_dim(row_of, 2, op, "row_of", "[T, K]");
     check_index(row_of, x, op, "row_of");
     check_size(row_of, 0, x.size(0), op, "row_of", "tokens of x");
@@ -302,20 +326,14 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu(const at::Tensor& x, const 
         check_size(*x_rows, 0, d.R, op, "x_rows", "rows of src_of_row");
         check_size(*x_rows, 1, x.size(1), op, "x_rows", "hidden size of x");
     }
-    auto h = at::empty({d.R, d.N}, x.options());
-    auto act = at::empty({d.R, d.N / 2}, x.options());
-    if (h.numel() > 0) {
-        if (d.Kd == 0) {
-            h.zero_();
-            act.zero_();
-        } else if (x_rows.has_value()) {
+    return grouped_mm_swiglu_out(d, x, [&](at::Tensor& h, at::Tensor& act) {
+        if (x_rows.has_value()) {
             const c10::optional<at::Tensor> no_gather;
             MOK_DISPATCH(x, grouped_mm, *x_rows, no_gather, 1, gate_up, offsets, true, h, &act);
         } else {
             MOK_DISPATCH(x, grouped_mm, x, src_of_row, top_k, gate_up, offsets, true, h, &act);
         }
-    }
-    return {act, h};
+    });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -344,22 +362,11 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu_mxfp8_a(const at::Tensor& x
                                                              int64_t top_k, const at::Tensor& gate_up,
                                                              const at::Tensor& offsets) {
     const char* op = "mok.grouped_mm_swiglu_mxfp8_a";
-    TORCH_CHECK_VALUE(top_k >= 1, op, ": top_k must be >= 1, got ", top_k);
-    auto d = check_grouped_mm(op, x, src_of_row, top_k, gate_up, offsets, true);
+    auto d = check_grouped_mm_swiglu(op, x, src_of_row, top_k, gate_up, offsets);
     check_dtype(x, at::kBFloat16, op, "x");
-    TORCH_CHECK_VALUE(d.N % 2 == 0, op, ": gate_up.shape[1] must be even ([gate | up] = 2 * I), got shape ",
-                      shape_str(gate_up));
-    auto h = at::empty({d.R, d.N}, x.options());
-    auto act = at::empty({d.R, d.N / 2}, x.options());
-    if (h.numel() > 0) {
-        if (d.Kd == 0 || d.E == 0) {
-            h.zero_();
-            act.zero_();
-        } else {
-            MOK_DISPATCH(x, grouped_mm_mxfp8_a, x, src_of_row, top_k, gate_up, offsets, true, h, &act);
-        }
-    }
-    return {act, h};
+    return grouped_mm_swiglu_out(d, x, [&](at::Tensor& h, at::Tensor& act) {
+        MOK_DISPATCH(x, grouped_mm_mxfp8_a, x, src_of_row, top_k, gate_up, offsets, true, h, &act);
+    });
 }
 
 // out[e] = a_e^T @ B_e over each expert's rows (weight gradient with a ragged contraction).
