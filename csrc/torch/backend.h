@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include <tuple>
+
 namespace mok {
 
 #define MOK_BACKEND_DECLS                                                                                             \
@@ -43,6 +45,14 @@ namespace cuda {
 MOK_BACKEND_DECLS
 // The process-wide host-mapped word that kernels OR error bits into (MOK_DEVICE_ERR_*); may be null.
 int32_t* device_error_word();
+// MXFP8 qdq of bf16 x's M rows (or, with src_of_row, of the plan's rows gathered from x [T, N], top_k
+// rows per token, weighted by w when given): the row-wise copy when `rows`, the column-wise one with
+// expert segments when `cols`; a copy not asked for is an empty [0, N] tensor. Shared by the qdq ops
+// and the GEMMs that make A's row-wise copy first where their kernel cannot round it on load.
+std::tuple<at::Tensor, at::Tensor> qdq_mxfp8(const at::Tensor& x, int64_t M, const c10::optional<at::Tensor>& offsets,
+                                             int64_t E, bool rows, bool cols, const char* op,
+                                             const at::Tensor* src_of_row = nullptr,
+                                             const c10::optional<at::Tensor>& w = c10::nullopt, int64_t top_k = 1);
 }  // namespace cuda
 #endif
 

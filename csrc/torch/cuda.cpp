@@ -232,6 +232,33 @@ void grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, 
     check_status(mok_grouped_gemm_cuda(&g, stream_of(a)), "mok.grouped_mm");
 }
 
+std::tuple<at::Tensor, at::Tensor> qdq_mxfp8(const at::Tensor& x, int64_t M, const c10::optional<at::Tensor>& offsets,
+                                             int64_t E, bool rows, bool cols, const char* op, const at::Tensor* src_of_row,
+                                             const c10::optional<at::Tensor>& w, int64_t top_k) {
+    const int64_t N = x.size(1);
+    auto y_rows = at::empty({rows ? M : 0, N}, x.options());
+    auto y_cols = at::empty({cols ? M : 0, N}, x.options());
+    if (M == 0 || N == 0) return {y_rows, y_cols};
+    c10::cuda::CUDAGuard guard(x.device());
+    mok_qdq_mxfp8_args a{};
+    a.x = x.data_ptr();
+    a.M = M;
+    a.N = N;
+    a.rows = rows ? y_rows.data_ptr() : nullptr;
+    a.cols = cols ? y_cols.data_ptr() : nullptr;
+    a.offsets = cols && offsets.has_value() ? offsets->data_ptr<int32_t>() : nullptr;
+    a.E = E;
+    a.error_flag = device_error_word();
+    if (src_of_row) {
+        a.src_of_row = src_of_row->data_ptr<int32_t>();
+        a.w = w.has_value() ? w->data_ptr<float>() : nullptr;
+        a.T = x.size(0);
+        a.K = top_k;
+    }
+    check_status(mok_qdq_mxfp8_cuda(&a, stream_of(x)), op);
+    return {y_rows, y_cols};
+}
+
 // The sm_90a kernel qdq's A's rows as they arrive, for the variants it builds (SwiGLU with gathered
 // rows, plain with contiguous rows); elsewhere the row-wise copy is made first (the qdq kernel, which
 // gathers the rows itself), then the plain GEMM: the same bits.
@@ -246,20 +273,8 @@ void grouped_mm_mxfp8_a(const at::Tensor& a, const c10::optional<at::Tensor>& a_
         check_status(mok_grouped_gemm_cuda(&g, stream_of(a)), op);
         return;
     }
-    const int64_t R = out.size(0), Kd = a.size(1);
-    auto q = at::empty({R, Kd}, a.options());
-    mok_qdq_mxfp8_args qa{};
-    qa.x = a.data_ptr();
-    qa.M = R;
-    qa.N = Kd;
-    qa.rows = q.data_ptr();
-    qa.error_flag = device_error_word();
-    if (a_gather.has_value()) {
-        qa.src_of_row = a_gather->data_ptr<int32_t>();
-        qa.T = a.size(0);
-        qa.K = a_gather_div;
-    }
-    check_status(mok_qdq_mxfp8_cuda(&qa, stream_of(a)), op);
+    const at::Tensor q = std::get<0>(qdq_mxfp8(a, out.size(0), c10::nullopt, 0, true, false, op,
+                                               a_gather.has_value() ? &*a_gather : nullptr, c10::nullopt, a_gather_div));
     grouped_mm(q, c10::nullopt, 1, b, offsets, trans_b, out, swiglu_out);
 }
 

@@ -27,7 +27,6 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "../cuda/mok_cuda.h"
-#include "../cuda/mok_qdq_cuda.h"
 #include "backend.h"
 #endif
 
@@ -282,38 +281,6 @@ int64_t checked_offsets(const c10::optional<at::Tensor>& offsets, const at::Tens
     return offsets->size(0) - 1;
 }
 
-#ifdef MOK_WITH_CUDA
-// The CUDA qdq kernel on a bf16 x: the copies of x itself (src_of_row null), or of its rows gathered by
-// the plan (gather_rows(x, *src_of_row, w, top_k), never written). M: rows of the input.
-std::tuple<at::Tensor, at::Tensor> qdq_cuda(const at::Tensor& x, int64_t M, const c10::optional<at::Tensor>& offsets,
-                                            int64_t E, bool rows, bool cols, const char* op,
-                                            const at::Tensor* src_of_row = nullptr,
-                                            const c10::optional<at::Tensor>& w = c10::nullopt, int64_t top_k = 1) {
-    const int64_t N = x.size(1);
-    auto y_rows = at::empty({rows ? M : 0, N}, x.options());
-    auto y_cols = at::empty({cols ? M : 0, N}, x.options());
-    if (M == 0 || N == 0) return {y_rows, y_cols};
-    c10::cuda::CUDAGuard guard(x.device());
-    mok_qdq_mxfp8_args a{};
-    a.x = x.data_ptr();
-    a.M = M;
-    a.N = N;
-    a.rows = rows ? y_rows.data_ptr() : nullptr;
-    a.cols = cols ? y_cols.data_ptr() : nullptr;
-    a.offsets = cols && offsets.has_value() ? offsets->data_ptr<int32_t>() : nullptr;
-    a.E = E;
-    a.error_flag = cuda::device_error_word();
-    if (src_of_row) {
-        a.src_of_row = src_of_row->data_ptr<int32_t>();
-        a.w = w.has_value() ? w->data_ptr<float>() : nullptr;
-        a.T = x.size(0);
-        a.K = top_k;
-    }
-    check_status(mok_qdq_mxfp8_cuda(&a, at::cuda::getCurrentCUDAStream(x.device().index()).stream()), op);
-    return {y_rows, y_cols};
-}
-#endif
-
 // (rows, cols) of bf16 x [M, N]: the row-wise qdq (1 x 32 blocks along N) when `rows`, the
 // column-wise qdq (32 x 1 blocks along M, restarting at each offsets[e]; rows outside
 // [offsets[0], offsets[E]) are +0; no offsets: one segment [0, M)) when `cols`. A copy not asked
@@ -328,7 +295,7 @@ std::tuple<at::Tensor, at::Tensor> qdq_mxfp8(const at::Tensor& x, const c10::opt
     const int64_t M = x.size(0), N = x.size(1);
     const int64_t E = checked_offsets(offsets, x, op);
 #ifdef MOK_WITH_CUDA
-    if (x.is_cuda()) return qdq_cuda(x, M, offsets, E, rows, cols, op);
+    if (x.is_cuda()) return cuda::qdq_mxfp8(x, M, offsets, E, rows, cols, op);
 #endif
     auto y_rows = at::empty({rows ? M : 0, N}, x.options());
     auto y_cols = at::empty({cols ? M : 0, N}, x.options());
@@ -382,7 +349,7 @@ std::tuple<at::Tensor, at::Tensor> qdq_mxfp8_gather(const at::Tensor& x, const a
     check_weights(w, x, x.size(0), top_k, op);
     const int64_t E = checked_offsets(offsets, x, op);
 #ifdef MOK_WITH_CUDA
-    if (x.is_cuda()) return qdq_cuda(x, src_of_row.size(0), offsets, E, rows, cols, op, &src_of_row, w, top_k);
+    if (x.is_cuda()) return cuda::qdq_mxfp8(x, src_of_row.size(0), offsets, E, rows, cols, op, &src_of_row, w, top_k);
 #endif
     (void)E;
     static auto gather = c10::Dispatcher::singleton()
