@@ -175,13 +175,6 @@ struct int_c {
 #define MOK_SM90_FP8_EPI_OVERLAP 1
 #endif
 
-/* MOK_SM90_FP8_NARROW_TAIL=1 (an experiment, performance log v62; off by default): a plain 192-wide
- * forward tile whose columns end at N after 64 or 128 runs m64n64k32 / m64n128k32 instead of
- * m64n192k32, so the columns past N are not multiplied (TMA still fills them with zeros). */
-#ifndef MOK_SM90_FP8_NARROW_TAIL
-#define MOK_SM90_FP8_NARROW_TAIL 0
-#endif
-
 /* The scales of one K-block in flight, read from its stage before its wgmma (early release). */
 struct kblock_scales {
     float sa0 = 0.f, sa1 = 0.f, sb0 = 0.f, sb1 = 0.f;
@@ -305,31 +298,21 @@ struct fp8_tile {
      * 2^18, so no carry leaves the field). Same descriptors as building each from its address; with the
      * warp-uniform warpgroup index, 76 -> 38 SASS instructions from the full-barrier wait to the drain,
      * +1.5-2% (v25). */
-    /* width: the tile's columns (warp-uniform); below BN only with MOK_SM90_FP8_NARROW_TAIL, and then it
-     * writes only part's first width / 2 registers */
     template <bool kFenceOperands = true>
     static __device__ __forceinline__ void mma_kblock(float (&part)[BN / 2], uint32_t a_addr, uint32_t b_addr,
-                                                      int accumulate = 0, int width = BN) {
+                                                      int accumulate = 0) {
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i)
             if (kFenceOperands) wgmma_fence_operand(part[i]);
         wgmma_fence();
         const uint64_t da0 = wgmma_desc_kmajor_sw128(a_addr), db0 = wgmma_desc_kmajor_sw128(b_addr);
-        /* one k32 instruction of n columns per 32 of K (the branch on the width outside the loop) */
-        auto k32_loop = [&](auto n_c) {
 #pragma unroll
-            for (int k32 = 0; k32 < BK / 32; ++k32) {
-                const uint64_t da = da0 + (uint64_t)(k32 * 32 >> 4), db = db0 + (uint64_t)(k32 * 32 >> 4);
-                const int scale_d = k32 > 0 ? 1 : accumulate;
-                if constexpr (decltype(n_c)::value == 64) wgmma_m64n64k32_f32_e4m3(part, da, db, scale_d);
-                else if constexpr (decltype(n_c)::value == 128) wgmma_m64n128k32_f32_e4m3(part, da, db, scale_d);
-                else wgmma_m64n192k32_f32_e4m3(part, da, db, scale_d);
-            }
-        };
-        if (BN == 128) k32_loop(int_c<128>{});
-        else if (MOK_SM90_FP8_NARROW_TAIL && width <= 64) k32_loop(int_c<64>{});
-        else if (MOK_SM90_FP8_NARROW_TAIL && width <= 128) k32_loop(int_c<128>{});
-        else k32_loop(int_c<192>{});
+        for (int k32 = 0; k32 < BK / 32; ++k32) {
+            const uint64_t da = da0 + (uint64_t)(k32 * 32 >> 4), db = db0 + (uint64_t)(k32 * 32 >> 4);
+            const int scale_d = k32 > 0 ? 1 : accumulate;
+            if (BN == 128) wgmma_m64n128k32_f32_e4m3(part, da, db, scale_d);
+            else wgmma_m64n192k32_f32_e4m3(part, da, db, scale_d);
+        }
         wgmma_commit_group();
     }
 
@@ -477,15 +460,8 @@ struct fp8_tile {
         float part[BN / 2], acc[BN / 2];
         epi_stager epi = me.stager(s);
         kblock_scales sc; /* the scales of the K-block in flight */
-        /* a tile's columns for its wgmma, warp-uniform: BN, but for a plain tile that ends at N with
-         * MOK_SM90_FP8_NARROW_TAIL */
-        auto tile_width = [&](const mok_tile& t) {
-            if (!MOK_SM90_FP8_NARROW_TAIL || kSwiGLU || BN == SCALE_BLOCK) return (int)BN;
-            const int64_t left = p.N - t.n_tile * BN;
-            return __shfl_sync(0xFFFFFFFFu, left < BN ? (int)left : (int)BN, 0);
-        };
-        /* issue K-block wgmma for the stage at pos (after its bytes have landed), `width` columns */
-        auto issue = [&](const ring_pos& at, int width) {
+        /* issue K-block wgmma for the stage at pos (after its bytes have landed) */
+        auto issue = [&](const ring_pos& at) {
             const long long t_wait = MOK_TIMING_NOW();
             mbarrier_wait_parity(&s.full[at.stage], at.phase);
             MOK_TIMING_ADD(mok_sm90::TIMING_FULL_WAIT, t_wait);
@@ -497,7 +473,7 @@ struct fp8_tile {
                 sc.sb2 = ld_shared_f32(&s.sb[at.stage][2]);
                 sc.sb3 = ld_shared_f32(&s.sb[at.stage][3]);
             }
-            mma_kblock(part, me.a_base + at.stage * STAGE_A_BYTES, me.b_base + at.stage * STAGE_B_BYTES, 0, width);
+            mma_kblock(part, me.a_base + at.stage * STAGE_A_BYTES, me.b_base + at.stage * STAGE_B_BYTES);
         };
         /* wait for the K-block in flight (at pos), hand its stage back (one arrival per consumer warp: its
          * tiles are read) and promote it */
@@ -522,7 +498,7 @@ struct fp8_tile {
         };
         /* the nkb > 0 K-blocks of a tile whose first K-block is in flight; split_a, split_b: its scale
          * blocks' splits (scale_slot) */
-        auto mainloop = [&](auto split_a, auto split_b, int nkb, int width = BN) {
+        auto mainloop = [&](auto split_a, auto split_b, int nkb) {
             if (MOK_SM90_FP8_NO_PROMOTE == 2) { /* the timing bound: one K-block kept in flight */
                 ring_pos prev = pos;
                 pos.advance();
@@ -542,7 +518,7 @@ struct fp8_tile {
             }
             retire(split_a, split_b, int_c<1>{});
             for (int kb = 1; kb < nkb; ++kb) {
-                issue(pos, width);
+                issue(pos);
                 retire(split_a, split_b, int_c<0>{});
             }
         };
@@ -562,7 +538,7 @@ struct fp8_tile {
         if (have) {
             job = fp8_job_of<kCluster>(p, unit, rank, rows_used);
             nkb = kblocks_of(job);
-            if (nkb > 0) issue(pos, tile_width(job.tile));
+            if (nkb > 0) issue(pos);
         }
         while (have) {
             const mok_tile tile = job.tile;
@@ -596,9 +572,8 @@ struct fp8_tile {
                     /* a 192-wide tile starts at a multiple of 64: its split is 128 or 64 */
                     static_assert(BN == 192, "the splits of other tile widths");
                     const int split = __shfl_sync(0xFFFFFFFFu, SCALE_BLOCK - (int)(tile.n_tile * BN % SCALE_BLOCK), 0);
-                    const int width = tile_width(tile);
-                    if (split == SCALE_BLOCK) mainloop(int_c<SCALE_BLOCK>{}, int_c<0>{}, nkb, width);
-                    else mainloop(int_c<SCALE_BLOCK / 2>{}, int_c<0>{}, nkb, width);
+                    if (split == SCALE_BLOCK) mainloop(int_c<SCALE_BLOCK>{}, int_c<0>{}, nkb);
+                    else mainloop(int_c<SCALE_BLOCK / 2>{}, int_c<0>{}, nkb);
                 }
                 MOK_TIMING_COUNT(mok_sm90::TIMING_TILES);
             }
@@ -613,7 +588,7 @@ struct fp8_tile {
             if (have) {
                 job = fp8_job_of<kCluster>(p, unit, rank, rows_used);
                 nkb = kblocks_of(job);
-                if (MOK_SM90_FP8_EPI_OVERLAP && nkb > 0) issue(pos, tile_width(job.tile));
+                if (MOK_SM90_FP8_EPI_OVERLAP && nkb > 0) issue(pos);
             }
             /* ---- epilogue: [64 x 64] chunks through the BF16 kernel's stager, TMA stores ---- */
             const int64_t row0 = tile.m0 + 64 * me.wg;
@@ -632,7 +607,7 @@ struct fp8_tile {
                 }
                 MOK_TIMING_ADD(mok_sm90::TIMING_EPILOGUE, t_epi);
             }
-            if (!MOK_SM90_FP8_EPI_OVERLAP && have && nkb > 0) issue(pos, tile_width(job.tile));
+            if (!MOK_SM90_FP8_EPI_OVERLAP && have && nkb > 0) issue(pos);
         }
         mok_sm90::epi_finish(epi);
     }
