@@ -88,8 +88,9 @@ static problem make_problem(int64_t R, int64_t E, int64_t N, int64_t K) {
     /* experts of ragged 128-row multiples, one of them empty, summing to R; MOK_FP8_CHECK_BALANCED=1: equal
      * experts, as the layer benchmarks' balanced routing makes them (R a multiple of 128 E) */
     const char* balanced_env = getenv("MOK_FP8_CHECK_BALANCED");
-    const bool balanced = balanced_env && balanced_env[0] == '1' && R % (128 * E) == 0;
-    if (balanced_env && balanced_env[0] == '1' && !balanced)
+    const bool balanced_asked = balanced_env && balanced_env[0] == '1';
+    const bool balanced = balanced_asked && R % (128 * E) == 0;
+    if (balanced_asked && !balanced)
         fprintf(stderr, "MOK_FP8_CHECK_BALANCED: R = %lld is not a multiple of 128 E = %lld; ragged experts instead\n",
                 (long long)R, (long long)(128 * E));
     p.offsets.assign(E + 1, 0);
