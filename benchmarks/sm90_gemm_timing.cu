@@ -86,12 +86,12 @@ int main(int argc, char** argv) {
     g.trans_b = nn ? 0 : 1;
     g.out = out;
     g.swiglu_out = act;
-    if (wgrad ? !mok_grouped_gemm_wgrad_sm90_supported(R, E, K, N) : !mok_grouped_gemm_sm90_supported(&g)) {
+    if (wgrad ? !mok_grouped_gemm_wgrad_sm90_supported(R, E, K, N, 0) : !mok_grouped_gemm_sm90_supported(&g)) {
         fprintf(stderr, "the sm_90a kernel does not take these arguments\n");
         return 1;
     }
     auto run = [&]() -> int {
-        return wgrad ? mok_grouped_gemm_wgrad_sm90(a, b, offsets, R, E, K, N, out, 0, 0) : mok_grouped_gemm_sm90(&g, 0);
+        return wgrad ? mok_grouped_gemm_wgrad_sm90(a, b, offsets, R, E, K, N, out, NULL, 0, 0) : mok_grouped_gemm_sm90(&g, 0);
     };
     for (int i = 0; i < 3; ++i) CHECK((cudaError_t)run());
     CHECK(cudaDeviceSynchronize());

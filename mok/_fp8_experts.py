@@ -280,8 +280,8 @@ class _Fp8GateUp(torch.autograd.Function):
         fp8_dgrad = wt_q is not None and need_x
         fp8_wgrad = xt_q is not None and need_w
         g_row, g_col = _quantize_grad(d_h, fp8_dgrad, fp8_wgrad)
-        d_x, d_w = gate_up_backward(d_h, x, src_of_row, row_of, ctx.top_k, gate_up, offsets, x_rows,
-                                    need_x and not fp8_dgrad, need_w and not fp8_wgrad)
+        d_x, d_w, _ = gate_up_backward(d_h, x, src_of_row, row_of, ctx.top_k, gate_up, offsets, x_rows,
+                                       need_x and not fp8_dgrad, need_w and not fp8_wgrad)
         if fp8_dgrad:
             d_x = ops.combine(ops.grouped_mm_fp8(*g_row, wt_q, wt_s, offsets), row_of, src_of_row, None)
         if fp8_wgrad:
@@ -569,8 +569,8 @@ class _Fp8Mlp(torch.autograd.Function):
                 d_h = ops.swiglu_backward(h, d_act)
                 (dq, ds), (dqt, dst) = [t or (None, None) for t in _quantize_grad(d_h, dgrad1, fp8_wgrad1)]
             del d_act
-            d_x, d_gate_up = gate_up_backward(d_h, x, src_of_row, row_of, ctx.top_k, gate_up, offsets, x_rows,
-                                              bf16_x, bf16_w)
+            d_x, d_gate_up, _ = gate_up_backward(d_h, x, src_of_row, row_of, ctx.top_k, gate_up, offsets, x_rows,
+                                                 bf16_x, bf16_w)
             if dgrad1:
                 d_x = ops.combine(ops.grouped_mm_fp8(dq, ds, w1t_q, w1t_s, offsets), row_of, src_of_row, None)
             if fp8_wgrad1:

@@ -102,9 +102,20 @@ def _grouped_mm_fake(a, a_gather, a_gather_div, b, offsets, trans_b):
 
 
 @torch.library.register_fake("mok::grouped_mm_swiglu")
-def _grouped_mm_swiglu_fake(x, src_of_row, row_of, top_k, gate_up, offsets, x_rows=None):
-    R, N = src_of_row.shape[0], gate_up.shape[1]
+def _grouped_mm_swiglu_fake(x, src_of_row, row_of, top_k, gate_up, offsets, x_rows=None, up=None):
+    R, N = src_of_row.shape[0], gate_up.shape[1] * (2 if up is not None else 1)
     return x.new_empty((R, N // 2)), x.new_empty((R, N))
+
+
+@torch.library.register_fake("mok::grouped_mm_gate_up_dgrad")
+def _grouped_mm_gate_up_dgrad_fake(d_h, gate, up, offsets):
+    return d_h.new_empty((d_h.shape[0], gate.shape[2]))
+
+
+@torch.library.register_fake("mok::grouped_mm_gate_up_wgrad")
+def _grouped_mm_gate_up_wgrad_fake(d_h, b, b_gather, b_gather_div, offsets):
+    shape = (offsets.shape[0] - 1, d_h.shape[1] // 2, b.shape[1])
+    return d_h.new_empty(shape), d_h.new_empty(shape)
 
 
 @torch.library.register_fake("mok::grouped_mm_mxfp8_a")
@@ -324,11 +335,11 @@ torch.library.register_autograd("mok::grouped_mm", _grouped_mm_backward, setup_c
 
 
 def _grouped_mm_swiglu_setup(ctx, inputs, output):
-    x, src_of_row, row_of, top_k, gate_up, offsets, x_rows = inputs
+    x, src_of_row, row_of, top_k, gate_up, offsets, x_rows, up = inputs
     _act, h = output
     # x_rows (the gathered copy of x the forward read, when the caller made one) serves the
     # weight gradient; without it the backward gathers x again.
-    ctx.save_for_backward(x, src_of_row, row_of, gate_up, offsets, h, x_rows)
+    ctx.save_for_backward(x, src_of_row, row_of, gate_up, offsets, h, x_rows, up)
     ctx.top_k = top_k
     # NOTE: h is returned for backward, and rarely used downstream: leave its gradient None rather
     # than a materialised [R, 2I] tensor of zeros (an allocation, a fill and an extra add pass).
@@ -338,16 +349,17 @@ def _grouped_mm_swiglu_setup(ctx, inputs, output):
 def _grouped_mm_swiglu_backward(ctx, grad_act, grad_h):
     from ._gate_up import gate_up_backward
 
-    x, src_of_row, row_of, gate_up, offsets, h, x_rows = ctx.saved_tensors
+    x, src_of_row, row_of, gate_up, offsets, h, x_rows, up = ctx.saved_tensors
     if grad_act is not None:
         d_h = ops.swiglu_backward(h, grad_act.contiguous())
         if grad_h is not None:
             d_h = d_h + grad_h
     else:
         d_h = grad_h.contiguous() if grad_h is not None else torch.zeros_like(h)
-    d_x, d_w = gate_up_backward(d_h, x, src_of_row, row_of, ctx.top_k, gate_up, offsets, x_rows,
-                                ctx.needs_input_grad[0], ctx.needs_input_grad[4])
-    return d_x, None, None, None, d_w, None, None
+    need_w = ctx.needs_input_grad[4] or (up is not None and ctx.needs_input_grad[7])
+    d_x, d_w, d_up = gate_up_backward(d_h, x, src_of_row, row_of, ctx.top_k, gate_up, offsets, x_rows,
+                                      ctx.needs_input_grad[0], need_w, up)
+    return d_x, None, None, None, d_w, None, None, d_up
 
 
 torch.library.register_autograd(
@@ -368,6 +380,8 @@ ALL_OPS = (
     "grouped_mm",
     "grouped_mm_swiglu",
     "grouped_mm_wgrad",
+    "grouped_mm_gate_up_dgrad",
+    "grouped_mm_gate_up_wgrad",
     "grouped_mm_mxfp8_a",
     "grouped_mm_swiglu_mxfp8_a",
     "quantize_fp8",

@@ -81,27 +81,50 @@ def moe_plan(topk_idx, num_experts, *, tile=None, skip_invalid=False) -> Plan:
                               bool(skip_invalid)))
 
 
-def _check_experts_args(x, topk_idx, topk_w, gate_up_proj, down_proj):
-    for name, t in (("x", x), ("topk_idx", topk_idx), ("topk_w", topk_w), ("gate_up_proj", gate_up_proj),
-                    ("down_proj", down_proj)):
+def _gate_up_pair(gate_up_proj):
+    """(gate_up, up): a [E, 2I, H] weight as given (up None), or a (gate [E, I, H], up [E, I, H])
+    pair as its two tensors."""
+    if isinstance(gate_up_proj, (tuple, list)):
+        if len(gate_up_proj) != 2:
+            _fail("gate_up_proj", "a tensor [E, 2I, H] or a pair (gate [E, I, H], up [E, I, H])",
+                  f"a {type(gate_up_proj).__name__} of {len(gate_up_proj)}")
+        return gate_up_proj[0], gate_up_proj[1]
+    return gate_up_proj, None
+
+
+def _check_experts_args(x, topk_idx, topk_w, gate_up_proj, down_proj, up_proj=None):
+    split = up_proj is not None
+    gate_name = "gate_up_proj[0] (gate)" if split else "gate_up_proj"
+    tensors = [("x", x), ("topk_idx", topk_idx), ("topk_w", topk_w), (gate_name, gate_up_proj), ("down_proj", down_proj)]
+    if split:
+        tensors.append(("gate_up_proj[1] (up)", up_proj))
+    for name, t in tensors:
         _check_tensor(t, name)
     if x.dim() != 2:
         _fail("x", "2-D [T, H]", f"shape {tuple(x.shape)}")
     if x.dtype not in _DATA_DTYPES:
         _fail("x", "bfloat16, float16, float32 or float64", x.dtype)
     if gate_up_proj.dim() != 3:
-        _fail("gate_up_proj", "3-D [E, 2I, H]", f"shape {tuple(gate_up_proj.shape)}")
+        _fail(gate_name, "3-D [E, I, H]" if split else "3-D [E, 2I, H]", f"shape {tuple(gate_up_proj.shape)}")
     if down_proj.dim() != 3:
         _fail("down_proj", "3-D [E, H, I]", f"shape {tuple(down_proj.shape)}")
-    E, two_i, H = gate_up_proj.shape
-    if two_i % 2:
-        _fail("gate_up_proj.shape[1]", "even (gate rows then up rows, 2I)", two_i)
+    E, rows, H = gate_up_proj.shape
+    if split:
+        if tuple(up_proj.shape) != tuple(gate_up_proj.shape):
+            _fail("gate_up_proj[1] (up)", f"of the shape of the gate {tuple(gate_up_proj.shape)}",
+                  f"shape {tuple(up_proj.shape)}")
+        two_i = 2 * rows
+    else:
+        two_i = rows
+        if two_i % 2:
+            _fail("gate_up_proj.shape[1]", "even (gate rows then up rows, 2I)", two_i)
     if H != x.shape[1]:
-        _fail("gate_up_proj.shape[2]", f"the hidden size of x ({x.shape[1]})", H)
+        _fail(f"{gate_name}.shape[2]", f"the hidden size of x ({x.shape[1]})", H)
     if tuple(down_proj.shape) != (E, H, two_i // 2):
         _fail("down_proj", f"of shape [E, H, I] = {(E, H, two_i // 2)} to match gate_up_proj",
               f"shape {tuple(down_proj.shape)}")
-    for name, w in (("gate_up_proj", gate_up_proj), ("down_proj", down_proj)):
+    weights = [(gate_name, gate_up_proj), ("down_proj", down_proj)] + ([("gate_up_proj[1] (up)", up_proj)] if split else [])
+    for name, w in weights:
         if w.dtype != x.dtype:
             _fail(name, f"of the dtype of x ({x.dtype})", w.dtype)
         if w.device != x.device:
@@ -143,7 +166,11 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
 
     x [T, H]; topk_idx [T, K] int32/int64; topk_w [T, K] (any float dtype; used in fp32);
     gate_up_proj [E, 2I, H] and down_proj [E, H, I] (the Hugging Face transformers v5 layout, the
-    dtype of x). Returns y [T, H] in the dtype of x. Differentiable in x, topk_w and both weights.
+    dtype of x); gate_up_proj may also be a pair (gate [E, I, H], up [E, I, H]) of separate tensors
+    (torchtitan's w1 and w3): with recipe="bf16" on CUDA the kernels read and write them where they
+    are (I a multiple of 64 on sm_90a; otherwise, and on the CPU, they are concatenated per call, as
+    they are for the FP8 and MXFP8 recipes, which make their own copies of the weights anyway).
+    Returns y [T, H] in the dtype of x. Differentiable in x, topk_w and every weight.
 
     An expert id outside [0, E) is an error; with skip_invalid=True such pairs are skipped (the
     transformers expert-parallel convention for tokens routed to experts of other ranks). On CUDA
@@ -163,8 +190,15 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
     Blackwell's MXFP8 training numerics on Hopper, at BF16 speed plus the rounding passes (Hopper has
     no block-scaled MMA); needs bf16, H and I multiples of 32 (mok/_mxfp8_experts.py)."""
     _fp8_experts.check_recipe_options(recipe, fp8_dgrad, fp8_wgrad)
-    x, gate_up_proj, down_proj = _autocast(x, gate_up_proj, down_proj)
-    _check_experts_args(x, topk_idx, topk_w, gate_up_proj, down_proj)
+    gate_up_proj, up_proj = _gate_up_pair(gate_up_proj)
+    if up_proj is None:
+        x, gate_up_proj, down_proj = _autocast(x, gate_up_proj, down_proj)
+    else:
+        x, gate_up_proj, up_proj, down_proj = _autocast(x, gate_up_proj, up_proj, down_proj)
+    _check_experts_args(x, topk_idx, topk_w, gate_up_proj, down_proj, up_proj)
+    if up_proj is not None and recipe != "bf16":
+        # The FP8 / MXFP8 paths quantise or round the weight per call into copies of their own.
+        gate_up_proj, up_proj = torch.cat([gate_up_proj, up_proj], dim=1), None
     if recipe == "blockwise":
         _fp8_experts.check_blockwise_args(x, gate_up_proj)
     elif recipe == "mxfp8":
@@ -183,7 +217,8 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     x = x.contiguous()
     x_rows = None
-    if x.is_cuda and x.dtype == torch.bfloat16 and torch.is_grad_enabled() and gate_up_proj.requires_grad:
+    weights_grad = gate_up_proj.requires_grad or (up_proj is not None and up_proj.requires_grad)
+    if x.is_cuda and x.dtype == torch.bfloat16 and torch.is_grad_enabled() and weights_grad:
         # Training: one gathered copy of the token rows, read by GEMM1 as plain TMA rows and kept
         # for gate_up_proj's weight gradient, which would otherwise gather x again. (Gathering
         # on load in GEMM1 costs more than this copy: docs/performance-log.md, v11.)
@@ -191,7 +226,7 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
     # GEMM1 + SwiGLU as one kernel whose autograd node hands back h (d_h frees h and d_act before
     # GEMM1's backward: mok/_gate_up.py); GEMM2 + the weighted combine as one node that keeps only h
     # for the backward and takes the router-weight gradient from d_act's side (mok/_down_combine.py).
-    h, act = gate_up_h_act(x, plan.src_of_row, plan.row_of, K, gate_up_proj, plan.offsets, x_rows)
+    h, act = gate_up_h_act(x, plan.src_of_row, plan.row_of, K, gate_up_proj, plan.offsets, x_rows, up_proj)
     return down_combine(h, act, down_proj, topk_w.to(acc).contiguous(), plan.row_of, plan.src_of_row, plan.offsets)
 
 

@@ -21,6 +21,8 @@ def op_cases(device):
     act = torch.randn(R, case.I, device=device)
     logits = torch.randn(case.T, case.E, device=device)
     grad = lambda t: t.clone().requires_grad_(True)  # noqa: E731
+    gate, up = gate_up[:, :case.I].contiguous(), gate_up[:, case.I:].contiguous()  # torchtitan's w1, w3
+    d_h = torch.randn(R, 2 * case.I, device=device)
     return {
         "route_topk": [(grad(logits), None, 2, 0, 1, 1, True, 1.0),
                        (grad(logits), torch.rand(4, device=device), 2, 1, 2, 1, True, 2.5)],
@@ -39,8 +41,12 @@ def op_cases(device):
                        (grad(rows), None, 1, grad(down), plan.offsets, False)],
         "grouped_mm_swiglu": [(grad(x), plan.src_of_row, plan.row_of, case.K, grad(gate_up), plan.offsets),
                               (grad(x), plan.src_of_row, plan.row_of, case.K, grad(gate_up), plan.offsets,
-                               ops.gather_rows(x, plan.src_of_row, None, case.K))],
+                               ops.gather_rows(x, plan.src_of_row, None, case.K)),
+                              (grad(x), plan.src_of_row, plan.row_of, case.K, grad(gate), plan.offsets, None,
+                               grad(up))],
         "grouped_mm_wgrad": [(act, rows, None, 1, plan.offsets), (act, x, plan.src_of_row, case.K, plan.offsets)],
+        "grouped_mm_gate_up_dgrad": [(d_h, gate, up, plan.offsets)],
+        "grouped_mm_gate_up_wgrad": [(d_h, rows, None, 1, plan.offsets), (d_h, x, plan.src_of_row, case.K, plan.offsets)],
         "grouped_mm_mxfp8_a": [(act.bfloat16(), None, 1, down.bfloat16(), plan.offsets, True),
                                (rows.bfloat16(), None, 1, down.bfloat16(), plan.offsets, False),
                                (x.bfloat16(), plan.src_of_row, case.K, gate_up.bfloat16(), plan.offsets, True)],

@@ -34,8 +34,8 @@ extern "C" int mok_grouped_gemm_cuda(const struct mok_grouped_gemm_args* args, c
     if (mok_grouped_gemm_sm90_supported(args)) {
         return mok_grouped_gemm_sm90(args, stream);
     }
-    /* (the on-load MXFP8 qdq of A exists on the sm_90a kernel only) */
-    MOK_CHECK_ARG(!args->qdq_a_mxfp8);
+    /* (the on-load MXFP8 qdq of A and split weights exist on the sm_90a kernel only) */
+    MOK_CHECK_ARG(!args->qdq_a_mxfp8 && args->b_second == NULL);
 
     int status = mok_run_status(mok_gemm_simt::grouped_gemm_simt_run(args, mok_on_stream(stream)));
     if (status != 0 || args->swiglu_out == NULL) {

@@ -101,8 +101,26 @@ extern "C" int mok_grouped_gemm_sm90_supported(const struct mok_grouped_gemm_arg
     if (a->swiglu_out && (uintptr_t)a->swiglu_out % 16) return 0;
     /* the on-load qdq's variants (the launcher builds only these) */
     if (a->qdq_a_mxfp8 && (a->swiglu_out != NULL) != (a->a_gather != NULL)) return 0;
+    if (a->b_second) {
+        /* split weights: gate | up rows (NT SwiGLU) or K halves whose K-blocks never straddle (NN) */
+        if (a->trans_b ? a->swiglu_out == NULL : (a->Kd % 2 || (a->Kd / 2) % mok_sm90::BK)) return 0;
+        if ((uintptr_t)a->b_second % 16 || a->qdq_a_mxfp8) return 0;
+    }
     return is_hopper() && encode_fn() != NULL;
 }
+
+namespace {
+
+/* The map base and plane stride of a weight split over two tensors (first: half 0, second: half 1):
+ * the lower address is the base, so the stride is positive; *flip = 1 when that is the second. */
+const void* split_base(const void* first, const void* second, cuuint64_t* plane_stride, int32_t* flip) {
+    const uintptr_t f = (uintptr_t)first, s = (uintptr_t)second;
+    *flip = s < f ? 1 : 0;
+    *plane_stride = (cuuint64_t)(s < f ? f - s : s - f);
+    return s < f ? second : first;
+}
+
+}  // namespace
 
 extern "C" int mok_grouped_gemm_sm90(const struct mok_grouped_gemm_args* a, cudaStream_t stream) {
     const bool swiglu = a->swiglu_out != NULL;
@@ -121,11 +139,24 @@ extern "C" int mok_grouped_gemm_sm90(const struct mok_grouped_gemm_args* a, cuda
     p.num_n_tiles = swiglu ? mok_ceil_div(a->N / 2, mok_sm90::BN / 2) : mok_ceil_div(a->N, mok_sm90::BN);
     p.M = 0;
     p.wa = p.wb = NULL;
+    p.split_rows = 0;
+    p.split_flip = 0;
     if (p.R == 0) return 0;
+    if (a->b_second && !mok_grouped_gemm_sm90_supported(a)) return MOK_ERR_ARG;
 
     const cuuint64_t row_bytes = (cuuint64_t)a->Kd * 2;
     CUtensorMap tma_b, tma_a;
-    if (a->trans_b) {
+    if (a->trans_b && a->b_second) {
+        /* ---- split SwiGLU weight: gate [E, I, K] and up [E, I, K] as planes of one [2, E, I, K] map ---- */
+        const cuuint64_t I = (cuuint64_t)(a->N / 2);
+        cuuint64_t plane_stride;
+        const void* base = split_base(a->b, a->b_second, &plane_stride, &p.split_flip);
+        p.split_rows = (int64_t)I;
+        const cuuint64_t b_dims[4] = {(cuuint64_t)a->Kd, I, (cuuint64_t)a->E, 2};
+        const cuuint64_t b_strides[3] = {row_bytes, I * row_bytes, plane_stride};
+        const cuuint32_t b_box[4] = {mok_sm90::BK, mok_sm90::BN / 2, 1, 1};
+        if (!encode(&tma_b, base, 4, b_dims, b_strides, b_box)) return MOK_ERR_ARG;
+    } else if (a->trans_b) {
         /* ---- B [E, N, K] viewed as [E, halves, Nh, K]: SwiGLU reads the gate half and the up half
          * of the same rows as two boxes; the plain GEMM has one half ---- */
         const cuuint64_t Nh = (cuuint64_t)(swiglu ? a->N / 2 : a->N);
@@ -134,6 +165,16 @@ extern "C" int mok_grouped_gemm_sm90(const struct mok_grouped_gemm_args* a, cuda
         const cuuint64_t b_strides[3] = {row_bytes, Nh * row_bytes, (cuuint64_t)a->N * row_bytes};
         const cuuint32_t b_box[4] = {mok_sm90::BK, mok_sm90::BN / 2, 1, 1};
         if (!encode(&tma_b, a->b, 4, b_dims, b_strides, b_box)) return MOK_ERR_ARG;
+    } else if (a->b_second) {
+        /* ---- split NN weight: K halves [E, K / 2, N] as planes of one [2, E, K / 2, N] map ---- */
+        const int64_t Kh = a->Kd / 2;
+        cuuint64_t plane_stride;
+        const void* base = split_base(a->b, a->b_second, &plane_stride, &p.split_flip);
+        p.split_rows = Kh;
+        const cuuint64_t dims[4] = {(cuuint64_t)a->N, (cuuint64_t)Kh, (cuuint64_t)a->E, 2};
+        const cuuint64_t strides[3] = {(cuuint64_t)a->N * 2, (cuuint64_t)(Kh * a->N * 2), plane_stride};
+        const cuuint32_t box[4] = {mok_sm90::MN_CHUNK, mok_sm90::BK, 1, 1};
+        if (!encode(&tma_b, base, 4, dims, strides, box)) return MOK_ERR_ARG;
     } else {
         /* ---- B [E, K, N], N contiguous: MN-major chunks ---- */
         if (!encode_mn_major(&tma_b, a->b, a->N, a->Kd, a->E)) return MOK_ERR_ARG;
@@ -179,16 +220,18 @@ extern "C" int mok_grouped_gemm_sm90(const struct mok_grouped_gemm_args* a, cuda
                   : launch<false, false, false>(tma_a, tma_b, tma_out, tma_act, p, num_sms, stream);
 }
 
-extern "C" int mok_grouped_gemm_wgrad_sm90_supported(int64_t R, int64_t E, int64_t M, int64_t N) {
+extern "C" int mok_grouped_gemm_wgrad_sm90_supported(int64_t R, int64_t E, int64_t M, int64_t N, int split) {
     const char* env = getenv("MOK_DISABLE_SM90");
     if (env && env[0] && env[0] != '0') return 0;
     if (R <= 0 || M % 8 || N % 8 || M <= 0 || N <= 0 || E < 1 || R > MOK_INT32_LIMIT) return 0;
+    /* split output: every 64-row store chunk in one half */
+    if (split && (M % 2 || (M / 2) % 64)) return 0;
     return is_hopper() && encode_fn() != NULL;
 }
 
 extern "C" int mok_grouped_gemm_wgrad_sm90(const void* a, const void* b, const int32_t* offsets, int64_t R,
-                                           int64_t E, int64_t M, int64_t N, void* out, int num_sms,
-                                           cudaStream_t stream) {
+                                           int64_t E, int64_t M, int64_t N, void* out, void* out_second,
+                                           int num_sms, cudaStream_t stream) {
     mok_sm90::params p;
     p.a = NULL;
     p.a_gather = NULL;
@@ -204,13 +247,29 @@ extern "C" int mok_grouped_gemm_wgrad_sm90(const void* a, const void* b, const i
     p.M = M;
     p.wa = static_cast<const __nv_bfloat16*>(a);
     p.wb = static_cast<const __nv_bfloat16*>(b);
+    p.split_rows = 0;
+    p.split_flip = 0;
     /* ---- a [R, M] and b [R, N]: the contraction (rows) is the outer dimension of both, so both
      * are MN-major operands ---- */
     CUtensorMap tma_a, tma_b;
     if (!encode_mn_major(&tma_a, a, M, R, 1)) return MOK_ERR_ARG;
     if (!encode_mn_major(&tma_b, b, N, R, 1)) return MOK_ERR_ARG;
     CUtensorMap tma_out;
-    if (!encode_chunks(&tma_out, out, N, M, E, N, M * N)) return MOK_ERR_ARG;
+    if (out_second) {
+        /* ---- split output: rows [0, M / 2) and [M / 2, M) of [E, M / 2, N] each, as planes of one
+         * [2, E, M / 2, N] map ---- */
+        if (M % 2 || (M / 2) % 64 || (uintptr_t)out_second % 16) return MOK_ERR_ARG;
+        const int64_t Mh = M / 2;
+        cuuint64_t plane_stride;
+        const void* base = split_base(out, out_second, &plane_stride, &p.split_flip);
+        p.split_rows = Mh;
+        const cuuint64_t dims[4] = {(cuuint64_t)N, (cuuint64_t)Mh, (cuuint64_t)E, 2};
+        const cuuint64_t strides[3] = {(cuuint64_t)N * 2, (cuuint64_t)(Mh * N * 2), plane_stride};
+        const cuuint32_t box[4] = {mok_sm90::MN_CHUNK, mok_sm90::BK, 1, 1};
+        if (!encode(&tma_out, base, 4, dims, strides, box)) return MOK_ERR_ARG;
+    } else if (!encode_chunks(&tma_out, out, N, M, E, N, M * N)) {
+        return MOK_ERR_ARG;
+    }
     return launch<false, false, false, true>(tma_a, tma_b, tma_out, tma_out, p, num_sms > 0 ? num_sms : mok_num_sms(),
                                              stream);
 }

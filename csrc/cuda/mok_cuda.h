@@ -160,6 +160,11 @@ struct mok_grouped_gemm_args {
                                 * mok_qdq_mxfp8_rows) as they are loaded; bf16 on the sm_90a kernel only
                                 * (mok_grouped_gemm_sm90_supported), else MOK_ERR_ARG: the caller makes
                                 * the row-wise copy instead */
+    const void* b_second;      /* NULL, or B's second half as its own tensor (torchtitan's w3 beside w1):
+                                * NT with SwiGLU: b holds the gate rows [E, N / 2, Kd] and b_second the
+                                * up rows; NN: b holds K rows [0, Kd / 2) [E, Kd / 2, N] and b_second the
+                                * rest. The sm_90a kernel only (mok_grouped_gemm_sm90_supported; NN needs
+                                * Kd / 2 % 64 == 0), else MOK_ERR_ARG: the caller concatenates instead */
 };
 /* CUDA: a persistent kernel; the SwiGLU epilogue is a second kernel on the same stream
  * (mok_swiglu_forward_cuda on out), so it is exactly mok_swiglu_forward of the rounded out. */

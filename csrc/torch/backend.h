@@ -1,6 +1,11 @@
 // The compute half of every op, once per device kind. ops.cpp checks arguments and allocates the
 // outputs, then calls mok::cpu::<op> (cpu.cpp, the C core) or mok::cuda::<op> (cuda.cpp, the
 // launchers in csrc/cuda). Inputs here are already checked; outputs are allocated and contiguous.
+// Split weights (torchtitan's w1 and w3 as two tensors): grouped_mm's b_second is the second half
+// of B (the up rows [E, N / 2, K] beside the gate rows in b, NT with SwiGLU; rows [K / 2, K) of an
+// NN b [E, K / 2, N]); grouped_mm_wgrad's out_second receives rows [M / 2, M) of each expert's
+// result, out then [E, M / 2, N]. Both mean exactly the concatenated operand; a backend whose
+// kernel cannot read or write the halves in place concatenates or splits with a copy.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -29,9 +34,10 @@ namespace mok {
                                 const at::Tensor& w, at::Tensor& d_h, at::Tensor& z, at::Tensor& d_s);                \
     void grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, int64_t a_gather_div,             \
                     const at::Tensor& b, const at::Tensor& offsets, bool trans_b, at::Tensor& out,                    \
-                    at::Tensor* swiglu_out);                                                                          \
+                    at::Tensor* swiglu_out, const at::Tensor* b_second = nullptr);                                    \
     void grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& b_gather,        \
-                          int64_t b_gather_div, const at::Tensor& offsets, at::Tensor& out);                          \
+                          int64_t b_gather_div, const at::Tensor& offsets, at::Tensor& out,                           \
+                          at::Tensor* out_second = nullptr);                                                          \
     void grouped_mm_mxfp8_a(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, int64_t a_gather_div,     \
                             const at::Tensor& b, const at::Tensor& offsets, bool trans_b, at::Tensor& out,            \
                             at::Tensor* swiglu_out);

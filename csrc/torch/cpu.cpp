@@ -124,7 +124,12 @@ void swiglu_scaled_backward(const at::Tensor& h, const at::Tensor& d_z, const at
 }
 
 void grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, int64_t a_gather_div,
-                const at::Tensor& b, const at::Tensor& offsets, bool trans_b, at::Tensor& out, at::Tensor* swiglu_out) {
+                const at::Tensor& b, const at::Tensor& offsets, bool trans_b, at::Tensor& out, at::Tensor* swiglu_out,
+                const at::Tensor* b_second) {
+    if (b_second) { /* the C core reads one B: the halves concatenated */
+        grouped_mm(a, a_gather, a_gather_div, at::cat({b, *b_second}, 1), offsets, trans_b, out, swiglu_out);
+        return;
+    }
     const mok_dtype dt = to_mok_dtype(a, "mok.grouped_mm", "a");
     const int64_t R = out.size(0), N = out.size(1), E = b.size(0);
     const int64_t Kd = trans_b ? b.size(2) : b.size(1);
@@ -159,7 +164,15 @@ void grouped_mm_mxfp8_a(const at::Tensor& a, const c10::optional<at::Tensor>& a_
 }
 
 void grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& b_gather,
-                      int64_t b_gather_div, const at::Tensor& offsets, at::Tensor& out) {
+                      int64_t b_gather_div, const at::Tensor& offsets, at::Tensor& out, at::Tensor* out_second) {
+    if (out_second) { /* the C core writes one output: split it after */
+        const int64_t Mh = out.size(1);
+        auto whole = at::empty({out.size(0), 2 * Mh, out.size(2)}, out.options());
+        grouped_mm_wgrad(a, b, b_gather, b_gather_div, offsets, whole);
+        out.copy_(whole.narrow(1, 0, Mh));
+        out_second->copy_(whole.narrow(1, Mh, Mh));
+        return;
+    }
     const mok_dtype dt = to_mok_dtype(a, "mok.grouped_mm_wgrad", "a");
     const int64_t E = out.size(0), M = out.size(1), N = out.size(2);
     at::parallel_for(0, E, 1, [&](int64_t e0, int64_t e1) {

@@ -224,11 +224,21 @@ mok_grouped_gemm_args grouped_mm_args(const at::Tensor& a, const c10::optional<a
 
 void grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_gather, int64_t a_gather_div,
                 const at::Tensor& b, const at::Tensor& offsets, bool trans_b, at::Tensor& out,
-                at::Tensor* swiglu_out) {
+                at::Tensor* swiglu_out, const at::Tensor* b_second) {
     c10::cuda::CUDAGuard guard(a.device());
     // NT and NN both run as they are: the sm_90a kernel reads an N-major B (the dgrad GEMMs'
     // weights [E, K, N]) as MN-major wgmma operands, no transposed copy.
-    const mok_grouped_gemm_args g = grouped_mm_args(a, a_gather, a_gather_div, b, offsets, trans_b, out, swiglu_out);
+    mok_grouped_gemm_args g = grouped_mm_args(a, a_gather, a_gather_div, b, offsets, trans_b, out, swiglu_out);
+    if (b_second) {
+        // Split weights: the sm_90a kernel reads both halves where they are; elsewhere (the SIMT
+        // kernel, other dtypes) they are concatenated first.
+        g.b_second = b_second->data_ptr();
+        if (!trans_b) g.Kd *= 2;
+        if (!mok_grouped_gemm_sm90_supported(&g)) {
+            grouped_mm(a, a_gather, a_gather_div, at::cat({b, *b_second}, 1), offsets, trans_b, out, swiglu_out);
+            return;
+        }
+    }
     check_status(mok_grouped_gemm_cuda(&g, stream_of(a)), "mok.grouped_mm");
 }
 
@@ -279,13 +289,25 @@ void grouped_mm_mxfp8_a(const at::Tensor& a, const c10::optional<at::Tensor>& a_
 }
 
 void grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& b_gather,
-                      int64_t b_gather_div, const at::Tensor& offsets, at::Tensor& out) {
+                      int64_t b_gather_div, const at::Tensor& offsets, at::Tensor& out, at::Tensor* out_second) {
     c10::cuda::CUDAGuard guard(a.device());
-    const int64_t R = a.size(0), E = out.size(0), M = out.size(1), N = out.size(2);
+    const int64_t R = a.size(0), E = out.size(0), M = a.size(1), N = out.size(2);
     // TMA reads 16-byte aligned rows (a gathered copy of b is a fresh, aligned allocation).
     const uintptr_t b_addr = b_gather.has_value() ? 0 : reinterpret_cast<uintptr_t>(b.data_ptr());
-    const bool aligned = (reinterpret_cast<uintptr_t>(a.data_ptr()) | b_addr) % 16 == 0;
-    if (a.scalar_type() == at::kBFloat16 && aligned && mok_grouped_gemm_wgrad_sm90_supported(R, E, M, N)) {
+    const uintptr_t out2_addr = out_second ? reinterpret_cast<uintptr_t>(out_second->data_ptr()) : 0;
+    const bool aligned = (reinterpret_cast<uintptr_t>(a.data_ptr()) | b_addr | out2_addr) % 16 == 0;
+    const bool sm90 = a.scalar_type() == at::kBFloat16 && aligned &&
+                      mok_grouped_gemm_wgrad_sm90_supported(R, E, M, N, out_second != nullptr);
+    if (out_second && !sm90) {
+        // Split output where the kernel cannot write the halves in place: the whole result, then
+        // its halves copied out.
+        auto whole = at::empty({E, M, N}, out.options());
+        grouped_mm_wgrad(a, b, b_gather, b_gather_div, offsets, whole);
+        out.copy_(whole.narrow(1, 0, M / 2));
+        out_second->copy_(whole.narrow(1, M / 2, M / 2));
+        return;
+    }
+    if (sm90) {
         // The sm_90a kernel contracts over rows with both operands read as they are (MN-major);
         // gathered b rows are first gathered into the row space (one pass).
         at::Tensor rows = b;
@@ -294,7 +316,8 @@ void grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optio
             gather_rows(b, *b_gather, c10::nullopt, b_gather_div, c10::nullopt, rows);
         }
         check_status(mok_grouped_gemm_wgrad_sm90(a.data_ptr(), rows.data_ptr(), offsets.data_ptr<int32_t>(), R, E, M,
-                                                 N, out.data_ptr(), num_sms(a), stream_of(a)),
+                                                 N, out.data_ptr(), out_second ? out_second->data_ptr() : nullptr,
+                                                 num_sms(a), stream_of(a)),
                      "mok.grouped_mm_wgrad");
         return;
     }

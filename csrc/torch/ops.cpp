@@ -287,6 +287,17 @@ GroupedMMDims check_grouped_mm_swiglu(const char* op, const at::Tensor& x, const
     return d;
 }
 
+// The up rows of a gate / up weight held as two tensors (torchtitan's w3 beside w1): the gate's
+// shape, dtype and device, contiguous.
+void check_up(const at::Tensor& up, const at::Tensor& gate, const char* op, const char* gate_name) {
+    check_dim(up, 3, op, "up", "[E, I, H] (the up rows)");
+    check_contiguous(up, op, "up");
+    check_dtype(up, gate.scalar_type(), op, "up");
+    check_same_device(up, gate, op, "up", gate_name);
+    TORCH_CHECK_VALUE(up.sizes() == gate.sizes(), op, ": up must have the shape of ", gate_name, " ", shape_str(gate),
+                      " (the gate rows), got shape ", shape_str(up));
+}
+
 // (act [R, I], h [R, 2I]) of a GEMM1 with SwiGLU: zeros without a contraction or experts, else run(h, act).
 template <typename Run>
 std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu_out(const GroupedMMDims& d, const at::Tensor& x, Run&& run) {
@@ -308,12 +319,24 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu_out(const GroupedMMDims& d,
 // row_of is not read here: autograd needs it to reduce dx over each token's K rows.
 // x_rows, when given, is gather_rows(x, src_of_row, None, top_k) [R, H]: the GEMM reads it
 // instead of gathering (TMA rows on sm_90a), and the backward reuses it for the weight gradient.
+// up, when given, holds the up rows [E, I, H] and gate_up only the gate rows [E, I, H] (torchtitan's
+// w1 and w3): the same result as gate_up = cat(gate_up, up, 1), without the copy on sm_90a.
 std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu(const at::Tensor& x, const at::Tensor& src_of_row,
                                                      const at::Tensor& row_of, int64_t top_k,
                                                      const at::Tensor& gate_up, const at::Tensor& offsets,
-                                                     const c10::optional<at::Tensor>& x_rows) {
+                                                     const c10::optional<at::Tensor>& x_rows,
+                                                     const c10::optional<at::Tensor>& up) {
     const char* op = "mok.grouped_mm_swiglu";
-    auto d = check_grouped_mm_swiglu(op, x, src_of_row, top_k, gate_up, offsets);
+    GroupedMMDims d;
+    if (up.has_value()) {
+        TORCH_CHECK_VALUE(top_k >= 1, op, ": top_k must be >= 1, got ", top_k);
+        d = check_grouped_mm(op, x, src_of_row, top_k, gate_up, offsets, true);
+        check_up(*up, gate_up, op, "gate_up");
+        d.N *= 2;
+    } else {
+        d = check_grouped_mm_swiglu(op, x, src_of_row, top_k, gate_up, offsets);
+    }
+    const at::Tensor* up_ptr = up.has_value() ? &*up : nullptr;
     check_dim(row_of, 2, op, "row_of", "[T, K]");
     check_index(row_of, x, op, "row_of");
     check_size(row_of, 0, x.size(0), op, "row_of", "tokens of x");
@@ -329,10 +352,39 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu(const at::Tensor& x, const 
     return grouped_mm_swiglu_out(d, x, [&](at::Tensor& h, at::Tensor& act) {
         if (x_rows.has_value()) {
             const c10::optional<at::Tensor> no_gather;
-            MOK_DISPATCH(x, grouped_mm, *x_rows, no_gather, 1, gate_up, offsets, true, h, &act);
+            MOK_DISPATCH(x, grouped_mm, *x_rows, no_gather, 1, gate_up, offsets, true, h, &act, up_ptr);
         } else {
-            MOK_DISPATCH(x, grouped_mm, x, src_of_row, top_k, gate_up, offsets, true, h, &act);
+            MOK_DISPATCH(x, grouped_mm, x, src_of_row, top_k, gate_up, offsets, true, h, &act, up_ptr);
         }
+    });
+}
+
+// GEMM1's dgrad with the weight held as gate and up [E, I, H] (torchtitan's w1 and w3):
+// d_rows [R, H] = grouped_mm(d_h, None, 1, cat(gate, up, 1), offsets, False), the same bits, read in
+// place on sm_90a (I a multiple of 64; else the halves are concatenated first).
+at::Tensor grouped_mm_gate_up_dgrad(const at::Tensor& d_h, const at::Tensor& gate, const at::Tensor& up,
+                                    const at::Tensor& offsets) {
+    const char* op = "mok.grouped_mm_gate_up_dgrad";
+    check_dim(gate, 3, op, "gate", "[E, I, H] (the gate rows)");
+    check_contiguous(gate, op, "gate");
+    check_up(up, gate, op, "gate");
+    check_dim(d_h, 2, op, "d_h", "[rows, 2I]");
+    check_contiguous(d_h, op, "d_h");
+    to_mok_dtype(d_h, op, "d_h");
+    check_dtype(gate, d_h.scalar_type(), op, "gate");
+    check_same_device(gate, d_h, op, "gate", "d_h");
+    check_index(offsets, d_h, op, "offsets");
+    check_dim(offsets, 1, op, "offsets", "[E + 1]");
+    GroupedMMDims d;
+    d.E = gate.size(0);
+    d.N = gate.size(2);
+    d.Kd = 2 * gate.size(1);
+    d.R = d_h.size(0);
+    check_size(offsets, 0, d.E + 1, op, "offsets", "number of experts + 1");
+    check_size(d_h, 1, d.Kd, op, "d_h", "2I: the gate and up rows of gate and up");
+    return grouped_mm_out(d, d_h, [&](at::Tensor& out) {
+        const c10::optional<at::Tensor> no_gather;
+        MOK_DISPATCH(d_h, grouped_mm, d_h, no_gather, 1, gate, offsets, false, out, nullptr, &up);
     });
 }
 
@@ -369,10 +421,8 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu_mxfp8_a(const at::Tensor& x
     });
 }
 
-// out[e] = a_e^T @ B_e over each expert's rows (weight gradient with a ragged contraction).
-at::Tensor grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& b_gather,
-                            int64_t b_gather_div, const at::Tensor& offsets) {
-    const char* op = "mok.grouped_mm_wgrad";
+void check_grouped_mm_wgrad(const char* op, const at::Tensor& a, const at::Tensor& b,
+                            const c10::optional<at::Tensor>& b_gather, int64_t b_gather_div, const at::Tensor& offsets) {
     check_dim(a, 2, op, "a", "[rows, M]");
     check_dim(b, 2, op, "b", "[rows, N]");
     check_contiguous(a, op, "a");
@@ -391,6 +441,13 @@ at::Tensor grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10:
     } else {
         check_size(b, 0, a.size(0), op, "b", "rows of a");
     }
+}
+
+// out[e] = a_e^T @ B_e over each expert's rows (weight gradient with a ragged contraction).
+at::Tensor grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& b_gather,
+                            int64_t b_gather_div, const at::Tensor& offsets) {
+    const char* op = "mok.grouped_mm_wgrad";
+    check_grouped_mm_wgrad(op, a, b, b_gather, b_gather_div, offsets);
     const int64_t E = offsets.size(0) - 1;
     auto out = at::empty({E, a.size(1), b.size(1)}, a.options());
     if (out.numel() > 0) {
@@ -401,6 +458,30 @@ at::Tensor grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10:
         }
     }
     return out;
+}
+
+// GEMM1's weight gradient as gate and up halves (torchtitan's w1 and w3): (d_gate, d_up), each
+// [E, I, N], the halves of grouped_mm_wgrad(d_h, b, b_gather, b_gather_div, offsets) along dim 1 (the
+// same bits), written in place on sm_90a (I a multiple of 64; else split with a copy).
+std::tuple<at::Tensor, at::Tensor> grouped_mm_gate_up_wgrad(const at::Tensor& d_h, const at::Tensor& b,
+                                                            const c10::optional<at::Tensor>& b_gather,
+                                                            int64_t b_gather_div, const at::Tensor& offsets) {
+    const char* op = "mok.grouped_mm_gate_up_wgrad";
+    check_grouped_mm_wgrad(op, d_h, b, b_gather, b_gather_div, offsets);
+    TORCH_CHECK_VALUE(d_h.size(1) % 2 == 0, op, ": a.shape[1] must be even ([gate | up] = 2 * I), got shape ",
+                      shape_str(d_h));
+    const int64_t E = offsets.size(0) - 1, I = d_h.size(1) / 2;
+    auto d_gate = at::empty({E, I, b.size(1)}, d_h.options());
+    auto d_up = at::empty({E, I, b.size(1)}, d_h.options());
+    if (d_gate.numel() > 0) {
+        if (d_h.size(0) == 0) {
+            d_gate.zero_();
+            d_up.zero_();
+        } else {
+            MOK_DISPATCH(d_h, grouped_mm_wgrad, d_h, b, b_gather, b_gather_div, offsets, d_gate, &d_up);
+        }
+    }
+    return {d_gate, d_up};
 }
 
 // Reads (and optionally clears) the error bits kernels reported since the last clear. A plain
@@ -437,8 +518,11 @@ TORCH_LIBRARY(mok, m) {
           "Tensor d_s)");
     m.def("grouped_mm(Tensor a, Tensor? a_gather, int a_gather_div, Tensor b, Tensor offsets, bool trans_b) -> Tensor");
     m.def("grouped_mm_swiglu(Tensor x, Tensor src_of_row, Tensor row_of, int top_k, Tensor gate_up, "
-          "Tensor offsets, Tensor? x_rows=None) -> (Tensor act, Tensor h)");
+          "Tensor offsets, Tensor? x_rows=None, Tensor? up=None) -> (Tensor act, Tensor h)");
     m.def("grouped_mm_wgrad(Tensor a, Tensor b, Tensor? b_gather, int b_gather_div, Tensor offsets) -> Tensor");
+    m.def("grouped_mm_gate_up_dgrad(Tensor d_h, Tensor gate, Tensor up, Tensor offsets) -> Tensor");
+    m.def("grouped_mm_gate_up_wgrad(Tensor d_h, Tensor b, Tensor? b_gather, int b_gather_div, Tensor offsets) -> "
+          "(Tensor d_gate, Tensor d_up)");
     m.def("grouped_mm_mxfp8_a(Tensor a, Tensor? a_gather, int a_gather_div, Tensor b, Tensor offsets, bool trans_b) "
           "-> Tensor");
     m.def("grouped_mm_swiglu_mxfp8_a(Tensor x, Tensor src_of_row, int top_k, Tensor gate_up, Tensor offsets) -> "
@@ -459,6 +543,8 @@ TORCH_LIBRARY(mok, m) {
     m.impl("grouped_mm", &grouped_mm);                          \
     m.impl("grouped_mm_swiglu", &grouped_mm_swiglu);            \
     m.impl("grouped_mm_wgrad", &grouped_mm_wgrad);                \
+    m.impl("grouped_mm_gate_up_dgrad", &grouped_mm_gate_up_dgrad); \
+    m.impl("grouped_mm_gate_up_wgrad", &grouped_mm_gate_up_wgrad); \
     m.impl("grouped_mm_mxfp8_a", &grouped_mm_mxfp8_a);            \
     m.impl("grouped_mm_swiglu_mxfp8_a", &grouped_mm_swiglu_mxfp8_a)
 

@@ -156,6 +156,14 @@ struct params {
     int64_t M;
     const __nv_bfloat16* wa; /* [R, M] (its TMA map is tma_a) */
     const __nv_bfloat16* wb; /* [R, N] (its TMA map is tma_b) */
+    /* Split weights (torchtitan's separate w1 / w3): 0, or the rows of each half of a [gate | up]
+     * operand held in two tensors: the gate and up rows of the NT SwiGLU weight, the two K halves of
+     * the NN weight (GEMM1's dgrad), the two M halves of the weight gradient's output. Their tensor
+     * map gets an outermost dimension of 2 over the two tensors, based at the lower address (TMA
+     * strides are unsigned); split_flip = 1 when the second half is the lower one, so half h sits
+     * at plane h ^ split_flip. */
+    int64_t split_rows;
+    int32_t split_flip;
 };
 
 __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* p, float x, float y) {
@@ -318,7 +326,7 @@ __device__ __forceinline__ uint32_t epi_stage_acc(epi_stager& e, const float* ac
  * not measured directly: a TMA store takes ~0.1 us to issue.) */
 template <bool kFreeNext = false>
 __device__ __forceinline__ void epi_store(epi_stager& e, uint32_t buf, const CUtensorMap* map, int32_t c0, int32_t c1,
-                                          int32_t c2) {
+                                          int32_t c2, int32_t c3 = -1) {
     fence_proxy_async_shared();
     const int32_t next_last = e.own_last[0]; /* the last store of the next own buffer */
     /* (one own buffer: the next chunk's is this one, whose store is not issued yet) */
@@ -328,13 +336,18 @@ __device__ __forceinline__ void epi_store(epi_stager& e, uint32_t buf, const CUt
     if (free_next) e.read_upto = next_last + 1;
     e.read_upto = e.read_pending > e.read_upto ? e.read_pending : e.read_upto;
     if (e.t == 0 && MOK_SM90_SKIP_EPILOGUE != 2) {
-        tma_store_3d(map, buf, c0, c1, c2);
+        if (c3 >= 0) { /* a 4-D map (the weight gradient's split output) */
+            tma_store_4d(map, buf, c0, c1, c2, c3);
+        } else {
+            tma_store_3d(map, buf, c0, c1, c2);
+        }
         bulk_commit_group();
     }
     ++e.groups;
 }
 
-/* The n <= BN / 64 column chunks j of a plain tile, stored as the boxes at coords(j) of map. */
+/* The n <= BN / 64 column chunks j of a plain tile, stored as the boxes at coords(j) of map (an
+ * int3, or an int4 whose w < 0 means a 3-D map). */
 template <typename Coords>
 __device__ __forceinline__ void store_plain_chunks(epi_stager& e, const float* acc, int n, const CUtensorMap* map,
                                                    Coords&& coords) {
@@ -342,8 +355,12 @@ __device__ __forceinline__ void store_plain_chunks(epi_stager& e, const float* a
     for (int j = 0; j < BN / 64; ++j) {
         if (j >= n) break;
         const uint32_t buf = epi_stage_acc(e, acc, j);
-        const int3 c = coords(j);
-        epi_store(e, buf, map, c.x, c.y, c.z);
+        const auto c = coords(j);
+        if constexpr (sizeof(c) == sizeof(int4)) {
+            epi_store(e, buf, map, c.x, c.y, c.z, c.w);
+        } else {
+            epi_store(e, buf, map, c.x, c.y, c.z);
+        }
     }
 }
 
@@ -520,7 +537,22 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
                     /* ---- issue TMA for B: two 128-row boxes (gate | up, or n0 | n0 + 128), or
                      * four [64 K][64 N] chunks of the N-major weight; shared: this CTA loads its
                      * half (box or chunk pair `rank`) into both CTAs ---- */
-                    if (kBMN) {
+                    if (kBMN && p.split_rows) {
+                        /* split weight: K-block k0 lies in one half (split_rows % BK == 0, checked by the
+                         * host), at plane half ^ split_flip of the [2, E, K / 2, N] map */
+                        const int32_t half = k0 >= p.split_rows ? 1 : 0;
+                        const int32_t kk = k0 - half * (int32_t)p.split_rows, plane = half ^ p.split_flip;
+#pragma unroll
+                        for (int j = 0; j < BN / MN_CHUNK; ++j) {
+                            if (shared && (j >> 1) != (int)rank) continue;
+                            __nv_bfloat16* dst = &s.b[stage][j * MN_CHUNK_ELEMS];
+                            if (shared)
+                                tma_load_4d_multicast(dst, tma_b, &s.full[stage], 0x3, n_coord + j * MN_CHUNK, kk, e,
+                                                      plane);
+                            else
+                                tma_load_4d(dst, tma_b, &s.full[stage], n_coord + j * MN_CHUNK, kk, e, plane);
+                        }
+                    } else if (kBMN) {
 #pragma unroll
                         for (int j = 0; j < BN / MN_CHUNK; ++j) {
                             if (shared && (j >> 1) != (int)rank) continue;
@@ -535,12 +567,20 @@ __device__ __forceinline__ void produce(smem_layout& s, const params& p, const C
                         for (int h = 0; h < 2; ++h) {
                             if (shared && h != (int)rank) continue;
                             __nv_bfloat16* dst = &s.b[stage][h * (BN / 2) * BK];
-                            /* gate / up rows of the [E, 2, I, K] view, or rows n0 + 128 h */
-                            const int32_t c1 = kSwiGLU ? n_coord : n_coord + h * (BN / 2), c2 = kSwiGLU ? h : 0;
+                            /* gate / up rows of the [E, 2, I, K] view, or rows n0 + 128 h; a split weight's
+                             * gate (h = 0) / up rows at plane h ^ split_flip of its [2, E, I, K] map
+                             * (NOTE: coordinates chosen, not a second loop: that one spilled the SwiGLU
+                             * producer more) */
+                            const int32_t c1 = kSwiGLU ? n_coord : n_coord + h * (BN / 2);
+                            int32_t c2 = kSwiGLU ? h : 0, c3 = e;
+                            if (kSwiGLU && p.split_rows) {
+                                c2 = e;
+                                c3 = h ^ p.split_flip;
+                            }
                             if (shared)
-                                tma_load_4d_multicast(dst, tma_b, &s.full[stage], 0x3, k0, c1, c2, e);
+                                tma_load_4d_multicast(dst, tma_b, &s.full[stage], 0x3, k0, c1, c2, c3);
                             else
-                                tma_load_4d(dst, tma_b, &s.full[stage], k0, c1, c2, e);
+                                tma_load_4d(dst, tma_b, &s.full[stage], k0, c1, c2, c3);
                         }
                     }
                     /* ---- issue TMA for A (contiguous rows; past R: zero-filled) ---- */
@@ -928,8 +968,16 @@ __device__ __forceinline__ void consume_wgrad(smem_layout& s, const params& p, c
         if (m0 >= p.M) continue;
         const int64_t c0 = tile.n_tile * BN;
         const int n = (int)((p.N - c0 + 63) / 64 < BN / 64 ? (p.N - c0 + 63) / 64 : BN / 64);
-        store_plain_chunks(epi, acc, n, tma_out,
-                           [&](int j) { return make_int3((int)c0 + 64 * j, (int)m0, (int)tile.group); });
+        if (p.split_rows) {
+            /* split output: the chunk's 64 rows lie in one half (split_rows % 64 == 0, checked by the host) */
+            const int32_t half = m0 >= p.split_rows ? 1 : 0;
+            const int32_t mm = (int32_t)(m0 - half * p.split_rows), plane = half ^ p.split_flip;
+            store_plain_chunks(epi, acc, n, tma_out,
+                               [&](int j) { return make_int4((int)c0 + 64 * j, mm, (int)tile.group, plane); });
+        } else {
+            store_plain_chunks(epi, acc, n, tma_out,
+                               [&](int j) { return make_int3((int)c0 + 64 * j, (int)m0, (int)tile.group); });
+        }
     }
     epi_finish(epi);
 }

@@ -11,16 +11,19 @@ extern "C" {
 
 /* 1 when the sm_90a kernel handles these arguments: bf16, NT or NN (not NN with the SwiGLU
  * epilogue), K and N multiples of 8 (16-byte TMA strides), a Hopper device, and MOK_DISABLE_SM90
- * unset. */
+ * unset; with b_second, NT with SwiGLU or NN with Kd / 2 a multiple of 64. */
 int mok_grouped_gemm_sm90_supported(const struct mok_grouped_gemm_args* args);
 int mok_grouped_gemm_sm90(const struct mok_grouped_gemm_args* args, cudaStream_t stream);
 
 /* Weight gradient out[e] = a_e^T b_e over the rows of expert e, with a [R, M] and b [R, N] read as
  * they are (MN-major operands); bf16; M, N multiples of 8. Experts whose row range is not
- * 64-aligned run on a slow FMA fallback inside the same kernel. */
-int mok_grouped_gemm_wgrad_sm90_supported(int64_t R, int64_t E, int64_t M, int64_t N);
+ * 64-aligned run on a slow FMA fallback inside the same kernel.
+ * out_second: NULL (out is [E, M, N]), or the tensor of rows [M / 2, M) of every expert's result,
+ * out then holding rows [0, M / 2) ([E, M / 2, N] each; torchtitan's w1 / w3 gradients); needs
+ * M / 2 % 64 == 0 (mok_grouped_gemm_wgrad_sm90_supported with split = 1). */
+int mok_grouped_gemm_wgrad_sm90_supported(int64_t R, int64_t E, int64_t M, int64_t N, int split);
 int mok_grouped_gemm_wgrad_sm90(const void* a, const void* b, const int32_t* offsets, int64_t R, int64_t E,
-                                int64_t M, int64_t N, void* out, int num_sms, cudaStream_t stream);
+                                int64_t M, int64_t N, void* out, void* out_second, int num_sms, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,122 @@
+"""torchtitan's expert weights (w1 gate and w3 up as two tensors) through mok, in one run on the
+same inputs: the (w1, w3) pair that MokTitanGroupedExperts now passes (the BF16 kernels read the
+halves and write their gradients where they are), the concatenation per call it made before
+(torch.cat([w1, w3], 1): a copy of both weights in the forward and of their gradients in the
+backward, made contiguous when autograd stores them in .grad), and mok's own [E, 2I, H] layout (a
+single weight tensor: the bound). fwd and fwd+bwd ms (a training step's backward() into .grad),
+and the pair's and the concatenation's outputs compared bit for bit (the run fails on a difference).
+
+    python benchmarks/bench_titan_experts.py                   # Qwen3-30B-A3B, Mixtral, DeepSeek-V3 slice
+    python benchmarks/bench_titan_experts.py --quick           # CPU smoke test
+
+Routing is balanced (bench_moe_layer.py's); the L2 is flushed between timed calls."""
+import argparse
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+import mok  # noqa: E402
+from benchmarks import common  # noqa: E402
+from benchmarks.bench_moe_layer import QUICK_SHAPES, SHAPES, Config, make_routing  # noqa: E402
+
+DEFAULT_SHAPES = ("qwen3_30b_a3b", "mixtral_8x7b", "dsv3_ep8_slice")
+COLUMNS = [("shape", "shape", ""), ("impl", "impl", ""), ("fwd_ms", "fwd ms", ".3f"),
+           ("fwd_bwd_ms", "fwd+bwd ms", ".3f"), ("vs_cat", "vs cat per call", ".3f"),
+           ("vs_fused", "vs one [E, 2I, H] weight", ".3f"), ("same", "same bits as cat", "")]
+IMPLS = ("fused", "pair", "cat")
+
+
+def run_shape(name, T, H, I, E, K, args, dev):
+    g = torch.Generator(device=dev).manual_seed(args.seed)
+    bf16 = dict(device=dev, dtype=torch.bfloat16)
+    idx = make_routing(Config(name, T, H, I, E, K, "balanced"), dev, g)
+    x = torch.randn(T, H, device=dev, generator=g).to(torch.bfloat16).requires_grad_()
+    w = torch.softmax(torch.randn(T, K, device=dev, generator=g), dim=-1).requires_grad_()
+    gate_up = (torch.randn(E, 2 * I, H, device=dev, generator=g) * H ** -0.5).to(torch.bfloat16).requires_grad_()
+    w1 = gate_up.detach()[:, :I].contiguous().requires_grad_()
+    w3 = gate_up.detach()[:, I:].contiguous().requires_grad_()
+    w2 = (torch.randn(E, H, I, device=dev, generator=g) * I ** -0.5).to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(T, H, **bf16)
+    experts = mok.functional.moe_experts
+    calls = {
+        "fused": (lambda: experts(x, idx, w, gate_up, w2), [x, w, gate_up, w2]),
+        "pair": (lambda: experts(x, idx, w, (w1, w3), w2), [x, w, w1, w3, w2]),
+        "cat": (lambda: experts(x, idx, w, torch.cat([w1, w3], dim=1), w2), [x, w, w1, w3, w2]),
+    }
+
+    def timed(fn):
+        return common.bench(fn, dev, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2)["median_ms"]
+
+    outs, times = {}, {impl: ([], []) for impl in IMPLS}
+    for impl in IMPLS:
+        fwd, params = calls[impl]
+        y = fwd()
+        outs[impl] = [y.detach()] + [t.detach() for t in torch.autograd.grad(y, params, dy)]
+        del y
+    # rounds interleave the impls (every other round in reverse order), so clock drift under the
+    # power limit falls on all of them alike; the medians are reported
+    for rnd in range(args.rounds):
+        for impl in (IMPLS if rnd % 2 == 0 else IMPLS[::-1]):
+            fwd, params = calls[impl]
+
+            def step(_i, fwd=fwd, params=params):
+                # as a training step does: backward() into fresh .grad tensors, which autograd makes
+                # contiguous (the concatenation's gradient halves are strided views: copied there)
+                for t in params:
+                    t.grad = None
+                fwd().backward(dy)
+
+            times[impl][0].append(timed(lambda _i, fwd=fwd: fwd()))
+            times[impl][1].append(timed(step))
+    rows = [dict(shape=name, impl=impl, fwd_ms=statistics.median(times[impl][0]),
+                 fwd_bwd_ms=statistics.median(times[impl][1])) for impl in IMPLS]
+    same = len(outs["pair"]) == len(outs["cat"]) and all(torch.equal(a, b) for a, b in zip(outs["pair"], outs["cat"]))
+    cat_ms = rows[IMPLS.index("cat")]["fwd_bwd_ms"]
+    fused_ms = rows[IMPLS.index("fused")]["fwd_bwd_ms"]
+    for r in rows:
+        r["vs_cat"] = cat_ms / r["fwd_bwd_ms"]
+        r["vs_fused"] = fused_ms / r["fwd_bwd_ms"]
+        r["same"] = ("yes" if same else "NO") if r["impl"] == "pair" else "-"
+        print(f"   {name:16s} {r['impl']:6s} fwd {r['fwd_ms']:8.3f} ms  fwd+bwd {r['fwd_bwd_ms']:8.3f} ms  "
+              f"x{r['vs_cat']:.3f} of cat  same bits: {r['same']}", flush=True)
+    del outs
+    common.free_memory(dev)
+    return rows, same
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help=f"comma list from {', '.join(SHAPES)}")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (medians reported)")
+    common.add_common_args(p, "bench_titan_experts", iters=20, warmup=3)
+    args = p.parse_args(argv)
+    dev, env = common.start_run(args)
+    table = QUICK_SHAPES if args.quick else SHAPES
+    names = list(QUICK_SHAPES) if args.quick else args.shapes.split(",")
+    rows, bad = [], []
+    for name in names:
+        if name not in table:
+            raise SystemExit(f"unknown shape {name!r}; choose from {', '.join(table)}")
+        r, same = run_shape(name, *table[name], args, dev)
+        rows += r
+        if not same:
+            bad.append(name)
+    print("\n" + common.format_table(rows, COLUMNS))
+    notes = ["fused: one [E, 2I, H] weight (mok's own layout); pair: functional.moe_experts(..., (w1, w3), ...), "
+             "what MokTitanGroupedExperts runs; cat: torch.cat([w1, w3], 1) per call, what it ran before. "
+             "Ratios are of fwd+bwd. 'same bits': y and every gradient of the pair equal the concatenation's. "
+             f"Medians of {args.rounds} interleaved rounds; L2 flush between timed calls: {args.flush_l2}; "
+             f"iters {args.iters}."]
+    common.write_results(args.out, env, rows, COLUMNS, "torchtitan's w1 / w3 through mok", notes)
+    if bad:
+        print("DIFFERENT BITS in " + ", ".join(bad))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
