@@ -133,7 +133,7 @@ def test_bad_gate_up_pair_names_the_argument():
         ops.grouped_mm_swiglu(x, plan.src_of_row, plan.row_of, 2, gate, plan.offsets, None, gate[:, :4].contiguous())
     with pytest.raises(ValueError, match=r"mok.grouped_mm_gate_up_dgrad: d_h.shape\[1\] must be 16"):
         ops.grouped_mm_gate_up_dgrad(torch.randn(plan.src_of_row.shape[0], 8), gate, gate, plan.offsets)
-    with pytest.raises(ValueError, match=r"mok.grouped_mm_gate_up_wgrad: a.shape\[1\] must be even"):
+    with pytest.raises(ValueError, match=r"mok.grouped_mm_gate_up_wgrad: d_h.shape\[1\] must be even"):
         ops.grouped_mm_gate_up_wgrad(torch.randn(plan.src_of_row.shape[0], 7), x, plan.src_of_row, 2, plan.offsets)
 
 

@@ -104,7 +104,7 @@ extern "C" int mok_grouped_gemm_sm90_supported(const struct mok_grouped_gemm_arg
     if (a->b_second) {
         /* split weights: gate | up rows (NT SwiGLU) or K halves whose K-blocks never straddle (NN) */
         if (a->trans_b ? a->swiglu_out == NULL : (a->Kd % 2 || (a->Kd / 2) % mok_sm90::BK)) return 0;
-        if ((uintptr_t)a->b_second % 16 || a->qdq_a_mxfp8) return 0;
+        if (!mok_sm90_planes_ok(a->b, a->b_second) || a->qdq_a_mxfp8) return 0;
     }
     return is_hopper() && encode_fn() != NULL;
 }
@@ -258,7 +258,7 @@ extern "C" int mok_grouped_gemm_wgrad_sm90(const void* a, const void* b, const i
     if (out_second) {
         /* ---- split output: rows [0, M / 2) and [M / 2, M) of [E, M / 2, N] each, as planes of one
          * [2, E, M / 2, N] map ---- */
-        if (M % 2 || (M / 2) % 64 || (uintptr_t)out_second % 16) return MOK_ERR_ARG;
+        if (M % 2 || (M / 2) % 64 || !mok_sm90_planes_ok(out, out_second)) return MOK_ERR_ARG;
         const int64_t Mh = M / 2;
         cuuint64_t plane_stride;
         const void* base = split_base(out, out_second, &plane_stride, &p.split_flip);

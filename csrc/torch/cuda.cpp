@@ -294,9 +294,9 @@ void grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optio
     const int64_t R = a.size(0), E = out.size(0), M = a.size(1), N = out.size(2);
     // TMA reads 16-byte aligned rows (a gathered copy of b is a fresh, aligned allocation).
     const uintptr_t b_addr = b_gather.has_value() ? 0 : reinterpret_cast<uintptr_t>(b.data_ptr());
-    const uintptr_t out2_addr = out_second ? reinterpret_cast<uintptr_t>(out_second->data_ptr()) : 0;
-    const bool aligned = (reinterpret_cast<uintptr_t>(a.data_ptr()) | b_addr | out2_addr) % 16 == 0;
-    const bool sm90 = a.scalar_type() == at::kBFloat16 && aligned &&
+    const bool aligned = (reinterpret_cast<uintptr_t>(a.data_ptr()) | b_addr) % 16 == 0;
+    const bool planes_ok = !out_second || mok_sm90_planes_ok(out.data_ptr(), out_second->data_ptr());
+    const bool sm90 = a.scalar_type() == at::kBFloat16 && aligned && planes_ok &&
                       mok_grouped_gemm_wgrad_sm90_supported(R, E, M, N, out_second != nullptr);
     if (out_second && !sm90) {
         // Split output where the kernel cannot write the halves in place: the whole result, then

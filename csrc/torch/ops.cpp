@@ -421,25 +421,28 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu_mxfp8_a(const at::Tensor& x
     });
 }
 
-void check_grouped_mm_wgrad(const char* op, const at::Tensor& a, const at::Tensor& b,
+// The checks of a weight gradient over each expert's rows of a [rows, M] (named a_name: "a", or
+// "d_h" for GEMM1's gate / up halves) and b [rows, N] (or b's rows gathered by b_gather).
+void check_grouped_mm_wgrad(const char* op, const char* a_name, const at::Tensor& a, const at::Tensor& b,
                             const c10::optional<at::Tensor>& b_gather, int64_t b_gather_div, const at::Tensor& offsets) {
-    check_dim(a, 2, op, "a", "[rows, M]");
+    const std::string rows_of_a = std::string("rows of ") + a_name;
+    check_dim(a, 2, op, a_name, "[rows, M]");
     check_dim(b, 2, op, "b", "[rows, N]");
-    check_contiguous(a, op, "a");
+    check_contiguous(a, op, a_name);
     check_contiguous(b, op, "b");
-    to_mok_dtype(a, op, "a");
+    to_mok_dtype(a, op, a_name);
     check_dtype(b, a.scalar_type(), op, "b");
-    check_same_device(b, a, op, "b", "a");
+    check_same_device(b, a, op, "b", a_name);
     check_dim(offsets, 1, op, "offsets", "[E + 1]");
     check_index(offsets, a, op, "offsets");
     TORCH_CHECK_VALUE(offsets.size(0) >= 1, op, ": offsets must hold E + 1 >= 1 entries");
     if (b_gather.has_value()) {
         check_dim(*b_gather, 1, op, "b_gather", "[rows]");
         check_index(*b_gather, a, op, "b_gather");
-        check_size(*b_gather, 0, a.size(0), op, "b_gather", "rows of a");
+        check_size(*b_gather, 0, a.size(0), op, "b_gather", rows_of_a.c_str());
         TORCH_CHECK_VALUE(b_gather_div >= 1, op, ": b_gather_div must be >= 1, got ", b_gather_div);
     } else {
-        check_size(b, 0, a.size(0), op, "b", "rows of a");
+        check_size(b, 0, a.size(0), op, "b", rows_of_a.c_str());
     }
 }
 
@@ -447,7 +450,7 @@ void check_grouped_mm_wgrad(const char* op, const at::Tensor& a, const at::Tenso
 at::Tensor grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& b_gather,
                             int64_t b_gather_div, const at::Tensor& offsets) {
     const char* op = "mok.grouped_mm_wgrad";
-    check_grouped_mm_wgrad(op, a, b, b_gather, b_gather_div, offsets);
+    check_grouped_mm_wgrad(op, "a", a, b, b_gather, b_gather_div, offsets);
     const int64_t E = offsets.size(0) - 1;
     auto out = at::empty({E, a.size(1), b.size(1)}, a.options());
     if (out.numel() > 0) {
@@ -467,8 +470,8 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_gate_up_wgrad(const at::Tensor& d_
                                                             const c10::optional<at::Tensor>& b_gather,
                                                             int64_t b_gather_div, const at::Tensor& offsets) {
     const char* op = "mok.grouped_mm_gate_up_wgrad";
-    check_grouped_mm_wgrad(op, d_h, b, b_gather, b_gather_div, offsets);
-    TORCH_CHECK_VALUE(d_h.size(1) % 2 == 0, op, ": a.shape[1] must be even ([gate | up] = 2 * I), got shape ",
+    check_grouped_mm_wgrad(op, "d_h", d_h, b, b_gather, b_gather_div, offsets);
+    TORCH_CHECK_VALUE(d_h.size(1) % 2 == 0, op, ": d_h.shape[1] must be even ([gate | up] = 2 * I), got shape ",
                       shape_str(d_h));
     const int64_t E = offsets.size(0) - 1, I = d_h.size(1) / 2;
     auto d_gate = at::empty({E, I, b.size(1)}, d_h.options());
