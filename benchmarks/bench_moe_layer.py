@@ -118,6 +118,17 @@ class Result:
     speedup_hi: float = math.nan
 
 
+def selected_shapes(args) -> List[tuple]:
+    """(name, (T, H, I, E, K)) for a script's --shapes comma list, or every quick shape with --quick;
+    an unknown name exits with the known ones."""
+    table = QUICK_SHAPES if args.quick else SHAPES
+    names = list(QUICK_SHAPES) if args.quick else args.shapes.split(",")
+    for name in names:
+        if name not in table:
+            raise SystemExit(f"unknown shape {name!r}; choose from {', '.join(table)}")
+    return [(name, table[name]) for name in names]
+
+
 def get_configs(shapes: List[str], routings: List[str], quick: bool) -> List[Config]:
     table = QUICK_SHAPES if quick else SHAPES
     if quick and shapes == list(SHAPES):

@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 import mok  # noqa: E402,F401  (registers torch.ops.mok)
 from benchmarks import common  # noqa: E402
-from benchmarks.bench_moe_layer import QUICK_SHAPES, SHAPES, Config, make_routing  # noqa: E402
+from benchmarks.bench_moe_layer import SHAPES, Config, make_routing, selected_shapes  # noqa: E402
 
 DEFAULT_SHAPES = ("qwen3_30b_a3b", "mixtral_8x7b", "dsv3_ep8_slice")
 COLUMNS = [("shape", "shape", ""), ("impl", "impl", ""), ("T", "T", "d"), ("H", "H", "d"), ("K", "K", "d"),
@@ -78,13 +78,8 @@ def main(argv=None):
     common.add_common_args(p, "bench_rows", iters=20, warmup=3)
     args = p.parse_args(argv)
     dev, env = common.start_run(args)
-    table = QUICK_SHAPES if args.quick else SHAPES
-    names = list(QUICK_SHAPES) if args.quick else args.shapes.split(",")
     rows, bad = [], []
-    for name in names:
-        if name not in table:
-            raise SystemExit(f"unknown shape {name!r}; choose from {', '.join(table)}")
-        T, H, _I, E, K = table[name]
+    for name, (T, H, _I, E, K) in selected_shapes(args):
         r, b = run_shape(name, T, H, E, K, args, dev)
         rows += r
         bad += b

@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 import mok  # noqa: E402
 from benchmarks import common  # noqa: E402
-from benchmarks.bench_moe_layer import QUICK_SHAPES, SHAPES, Config, make_routing  # noqa: E402
+from benchmarks.bench_moe_layer import SHAPES, Config, make_routing, selected_shapes  # noqa: E402
 
 DEFAULT_SHAPES = ("qwen3_30b_a3b", "mixtral_8x7b", "dsv3_ep8_slice")
 COLUMNS = [("shape", "shape", ""), ("impl", "impl", ""), ("fwd_ms", "fwd ms", ".3f"),
@@ -96,13 +96,9 @@ def main(argv=None):
     common.add_common_args(p, "bench_titan_experts", iters=20, warmup=3)
     args = p.parse_args(argv)
     dev, env = common.start_run(args)
-    table = QUICK_SHAPES if args.quick else SHAPES
-    names = list(QUICK_SHAPES) if args.quick else args.shapes.split(",")
     rows, bad = [], []
-    for name in names:
-        if name not in table:
-            raise SystemExit(f"unknown shape {name!r}; choose from {', '.join(table)}")
-        r, same = run_shape(name, *table[name], args, dev)
+    for name, dims in selected_shapes(args):
+        r, same = run_shape(name, *dims, args, dev)
         rows += r
         if not same:
             bad.append(name)

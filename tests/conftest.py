@@ -50,6 +50,19 @@ def capture_step(step, warmup=2, before_capture=None):
     return graph, out
 
 
+def single_ctas_and_pairs(monkeypatch, run):
+    """run() with the sm_90a GEMMs on single CTAs (MOK_SM90_CLUSTER=1) and on CTA pairs sharing B by
+    multicast (=2); asserts that every output is the same bit for bit; returns the single CTAs' list."""
+    monkeypatch.setenv("MOK_SM90_CLUSTER", "1")
+    single = run()
+    monkeypatch.setenv("MOK_SM90_CLUSTER", "2")
+    pairs = run()
+    assert len(single) == len(pairs)
+    for a, b in zip(single, pairs):
+        assert torch.equal(a, b)
+    return single
+
+
 def run_quick_benchmark(script, *args, timeout=300):
     """benchmarks/<script> --quick with one timed iteration and no warm-up, CUDA hidden (the CPU smoke run
     of a benchmark); the finished process, its exit status asserted 0 (a benchmark exits non-zero when

@@ -5,7 +5,7 @@ import torch
 
 import mok
 from mok import reference
-from conftest import capture_step
+from conftest import capture_step, single_ctas_and_pairs
 from shapes import MoECase, make_moe_inputs, rel_err
 
 pytestmark = pytest.mark.gpu
@@ -199,11 +199,6 @@ def test_sm90_cluster_pairs_are_bitwise_single_ctas(monkeypatch, tile, shape):
         torch.cuda.synchronize()
         return [act, h, act_r, h_r, y, y_g, d_rows, d_g, w, w2]
 
-    monkeypatch.setenv("MOK_SM90_CLUSTER", "1")
-    single = run()
-    monkeypatch.setenv("MOK_SM90_CLUSTER", "2")
-    pairs = run()
-    for a, b in zip(single, pairs):
-        assert torch.equal(a, b)
+    pairs = single_ctas_and_pairs(monkeypatch, run)  # bitwise equal
     assert torch.isfinite(pairs[4]).all() and rel_err(pairs[4], reference.grouped_mm(
         rows.double().cpu(), down.double().cpu(), plan.offsets.cpu(), True)) < 1e-2
