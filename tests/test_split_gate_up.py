@@ -133,6 +133,18 @@ def test_bad_gate_up_pair_names_the_argument():
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_one_tensor_as_gate_and_up(device):
+    # A pair of one tensor twice (tied gate and up) is the concatenation [w | w]: on sm_90a it takes the
+    # copy path (no stride-0 map).
+    case = MoECase(40, 64, 64, 4, 2, "zipf")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float64
+    x, idx, w, gate_up, down = make_moe_inputs(case, dtype, device)
+    gate = gate_up[:, :64].contiguous()
+    y = mok.functional.moe_experts(x, idx, w, (gate, gate), down)
+    assert torch.equal(y, mok.functional.moe_experts(x, idx, w, torch.cat([gate, gate], 1), down))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_gate_up_pair_compiles_fullgraph(device):
     # The pair traces as two graph inputs: no graph break, the eager bits (CPU float32, CUDA bf16).
     torch._dynamo.reset()

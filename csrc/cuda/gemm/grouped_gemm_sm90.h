@@ -16,11 +16,12 @@ extern "C" {
  * unset; with b_second, NT with SwiGLU or NN with Kd / 2 a multiple of 64. */
 int mok_grouped_gemm_sm90_supported(const struct mok_grouped_gemm_args* args);
 
-/* 1 when two tensors can be the planes of one TMA map: both 16-byte aligned and their distance a
- * valid TMA stride (below 2^40 bytes); split weights whose tensors are not fall back to a copy. */
+/* 1 when two tensors can be the planes of one TMA map: both 16-byte aligned, at different addresses
+ * (one tensor passed twice gets no stride-0 map) and their distance a valid TMA stride (below 2^40
+ * bytes); split weights whose tensors are not fall back to a copy. */
 static inline int mok_sm90_planes_ok(const void* x, const void* y) {
     const uintptr_t a = (uintptr_t)x, b = (uintptr_t)y, d = a < b ? b - a : a - b;
-    return (a | b) % 16 == 0 && d < ((uintptr_t)1 << 40);
+    return (a | b) % 16 == 0 && d != 0 && d < ((uintptr_t)1 << 40);
 }
 int mok_grouped_gemm_sm90(const struct mok_grouped_gemm_args* args, cudaStream_t stream);
 
