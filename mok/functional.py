@@ -151,12 +151,12 @@ def _check_experts_args(x, topk_idx, topk_w, gate_up_proj, down_proj, up_proj=No
 
 def _autocast(x, *weights):
     """Under torch.autocast, run the experts in the autocast dtype (weights cast per call, so fp32
-    master weights get their gradients in fp32), like torch's own matmuls."""
+    master weights get their gradients in fp32), like torch's own matmuls. None passes through."""
     device_type = x.device.type
     if not torch.is_autocast_enabled(device_type):
         return (x, *weights)
     dt = torch.get_autocast_dtype(device_type)
-    return tuple(t.to(dt) if t.is_floating_point() else t for t in (x, *weights))
+    return tuple(t.to(dt) if t is not None and t.is_floating_point() else t for t in (x, *weights))
 
 
 def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=False, plan: Optional[Plan] = None,
@@ -191,10 +191,7 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
     no block-scaled MMA); needs bf16, H and I multiples of 32 (mok/_mxfp8_experts.py)."""
     _fp8_experts.check_recipe_options(recipe, fp8_dgrad, fp8_wgrad)
     gate_up_proj, up_proj = _gate_up_pair(gate_up_proj)
-    if up_proj is None:
-        x, gate_up_proj, down_proj = _autocast(x, gate_up_proj, down_proj)
-    else:
-        x, gate_up_proj, up_proj, down_proj = _autocast(x, gate_up_proj, up_proj, down_proj)
+    x, gate_up_proj, up_proj, down_proj = _autocast(x, gate_up_proj, up_proj, down_proj)
     _check_experts_args(x, topk_idx, topk_w, gate_up_proj, down_proj, up_proj)
     if up_proj is not None and recipe != "bf16":
         # The FP8 / MXFP8 paths quantise or round the weight per call into copies of their own.

@@ -276,17 +276,6 @@ at::Tensor grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_ga
     });
 }
 
-// The checks of a GEMM1 with SwiGLU over x's rows gathered by src_of_row (top_k rows per token),
-// gate_up [E, 2I, H] holding [gate | up] rows.
-GroupedMMDims check_grouped_mm_swiglu(const char* op, const at::Tensor& x, const at::Tensor& src_of_row, int64_t top_k,
-                                      const at::Tensor& gate_up, const at::Tensor& offsets) {
-    TORCH_CHECK_VALUE(top_k >= 1, op, ": top_k must be >= 1, got ", top_k);
-    auto d = check_grouped_mm(op, x, src_of_row, top_k, gate_up, offsets, true);
-    TORCH_CHECK_VALUE(d.N % 2 == 0, op, ": gate_up.shape[1] must be even ([gate | up] = 2 * I), got shape ",
-                      shape_str(gate_up));
-    return d;
-}
-
 // The up rows of a gate / up weight held as two tensors (torchtitan's w3 beside w1): the gate's
 // shape, dtype and device, contiguous.
 void check_up(const at::Tensor& up, const at::Tensor& gate, const char* op, const char* gate_name) {
@@ -296,6 +285,24 @@ void check_up(const at::Tensor& up, const at::Tensor& gate, const char* op, cons
     check_same_device(up, gate, op, "up", gate_name);
     TORCH_CHECK_VALUE(up.sizes() == gate.sizes(), op, ": up must have the shape of ", gate_name, " ", shape_str(gate),
                       " (the gate rows), got shape ", shape_str(up));
+}
+
+// The checks of a GEMM1 with SwiGLU over x's rows gathered by src_of_row (top_k rows per token),
+// gate_up [E, 2I, H] holding [gate | up] rows, or with up given, gate_up the gate rows [E, I, H] and
+// up the up rows (then N = 2I counts both).
+GroupedMMDims check_grouped_mm_swiglu(const char* op, const at::Tensor& x, const at::Tensor& src_of_row, int64_t top_k,
+                                      const at::Tensor& gate_up, const at::Tensor& offsets,
+                                      const c10::optional<at::Tensor>& up = c10::nullopt) {
+    TORCH_CHECK_VALUE(top_k >= 1, op, ": top_k must be >= 1, got ", top_k);
+    auto d = check_grouped_mm(op, x, src_of_row, top_k, gate_up, offsets, true);
+    if (up.has_value()) {
+        check_up(*up, gate_up, op, "gate_up");
+        d.N *= 2;
+    } else {
+        TORCH_CHECK_VALUE(d.N % 2 == 0, op, ": gate_up.shape[1] must be even ([gate | up] = 2 * I), got shape ",
+                          shape_str(gate_up));
+    }
+    return d;
 }
 
 // (act [R, I], h [R, 2I]) of a GEMM1 with SwiGLU: zeros without a contraction or experts, else run(h, act).
@@ -327,15 +334,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_swiglu(const at::Tensor& x, const 
                                                      const c10::optional<at::Tensor>& x_rows,
                                                      const c10::optional<at::Tensor>& up) {
     const char* op = "mok.grouped_mm_swiglu";
-    GroupedMMDims d;
-    if (up.has_value()) {
-        TORCH_CHECK_VALUE(top_k >= 1, op, ": top_k must be >= 1, got ", top_k);
-        d = check_grouped_mm(op, x, src_of_row, top_k, gate_up, offsets, true);
-        check_up(*up, gate_up, op, "gate_up");
-        d.N *= 2;
-    } else {
-        d = check_grouped_mm_swiglu(op, x, src_of_row, top_k, gate_up, offsets);
-    }
+    const auto d = check_grouped_mm_swiglu(op, x, src_of_row, top_k, gate_up, offsets, up);
     const at::Tensor* up_ptr = up.has_value() ? &*up : nullptr;
     check_dim(row_of, 2, op, "row_of", "[T, K]");
     check_index(row_of, x, op, "row_of");
