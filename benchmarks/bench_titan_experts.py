@@ -5,12 +5,18 @@ halves and write their gradients where they are), the concatenation per call it 
 backward, made contiguous when autograd stores them in .grad), and mok's own [E, 2I, H] layout (a
 single weight tensor: the bound). fwd and fwd+bwd ms (a training step's backward() into .grad),
 and the pair's and the concatenation's outputs compared bit for bit (the run fails on a difference).
+Under the FP8 / MXFP8 recipes the weights' codes are cached per version: the cat per call defeats that
+cache (a new tensor each call), the pair and the single weight keep it. --requantise drops the cached
+codes before every timed call, as an optimizer step between calls would (one quantisation per step);
+without it the codes are reused, as in the micro-batches of gradient accumulation.
 
     python benchmarks/bench_titan_experts.py                   # Qwen3-30B-A3B, Mixtral, DeepSeek-V3 slice
+    python benchmarks/bench_titan_experts.py --recipe blockwise --fp8-backward all_tiled [--requantise]
     python benchmarks/bench_titan_experts.py --quick           # CPU smoke test
 
 Routing is balanced (bench_moe_layer.py's); the L2 is flushed between timed calls."""
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -24,10 +30,28 @@ from benchmarks import common  # noqa: E402
 from benchmarks.bench_moe_layer import SHAPES, Config, make_routing, selected_shapes  # noqa: E402
 
 DEFAULT_SHAPES = ("qwen3_30b_a3b", "mixtral_8x7b", "dsv3_ep8_slice")
-COLUMNS = [("shape", "shape", ""), ("impl", "impl", ""), ("fwd_ms", "fwd ms", ".3f"),
+COLUMNS = [("shape", "shape", ""), ("recipe", "recipe", ""), ("impl", "impl", ""), ("fwd_ms", "fwd ms", ".3f"),
            ("fwd_bwd_ms", "fwd+bwd ms", ".3f"), ("vs_cat", "vs cat per call", ".3f"),
            ("vs_fused", "vs one [E, 2I, H] weight", ".3f"), ("same", "same bits as cat", "")]
 IMPLS = ("fused", "pair", "cat")
+# --fp8-backward: the blockwise recipe's backward options (mok.functional.moe_experts' fp8_dgrad, fp8_wgrad)
+FP8_BACKWARD = {"none": {}, "dgrad": dict(fp8_dgrad=True), "wgrad": dict(fp8_wgrad=True),
+                "all": dict(fp8_dgrad=True, fp8_wgrad=True), "all_tiled": dict(fp8_dgrad=True, fp8_wgrad="tiled")}
+# the recipes' shape rules (whole scale blocks along H and I)
+RECIPE_BLOCK = {"bf16": 1, "blockwise": 128, "mxfp8": 32}
+
+
+def recipe_options(args):
+    """moe_experts' keyword options for --recipe and --fp8-backward."""
+    options = dict(recipe=args.recipe)
+    if args.recipe == "blockwise":
+        options.update(FP8_BACKWARD[args.fp8_backward])
+    return options
+
+
+def recipe_label(args):
+    return args.recipe + (f"/{args.fp8_backward}" if args.recipe == "blockwise" else "") + \
+        ("/requantise" if args.requantise else "")
 
 
 def run_shape(name, T, H, I, E, K, args, dev):
@@ -41,14 +65,18 @@ def run_shape(name, T, H, I, E, K, args, dev):
     w3 = gate_up.detach()[:, I:].contiguous().requires_grad_()
     w2 = (torch.randn(E, H, I, device=dev, generator=g) * I ** -0.5).to(torch.bfloat16).requires_grad_()
     dy = torch.randn(T, H, **bf16)
-    experts = mok.functional.moe_experts
+    experts = functools.partial(mok.functional.moe_experts, **recipe_options(args))
     calls = {
         "fused": (lambda: experts(x, idx, w, gate_up, w2), [x, w, gate_up, w2]),
         "pair": (lambda: experts(x, idx, w, (w1, w3), w2), [x, w, w1, w3, w2]),
         "cat": (lambda: experts(x, idx, w, torch.cat([w1, w3], dim=1), w2), [x, w, w1, w3, w2]),
     }
 
+    weights = (gate_up, w1, w3, w2)
+
     def timed(fn):
+        if args.requantise:  # codes remade in every call, as after an optimizer step
+            fn = functools.partial(lambda i, f: (mok._fp8_experts.drop_cached_codes(*weights), f(i))[1], f=fn)
         return common.bench(fn, dev, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2)["median_ms"]
 
     outs, times = {}, {impl: ([], []) for impl in IMPLS}
@@ -72,7 +100,7 @@ def run_shape(name, T, H, I, E, K, args, dev):
 
             times[impl][0].append(timed(lambda _i, fwd=fwd: fwd()))
             times[impl][1].append(timed(step))
-    rows = [dict(shape=name, impl=impl, fwd_ms=statistics.median(times[impl][0]),
+    rows = [dict(shape=name, recipe=recipe_label(args), impl=impl, fwd_ms=statistics.median(times[impl][0]),
                  fwd_bwd_ms=statistics.median(times[impl][1])) for impl in IMPLS]
     same = len(outs["pair"]) == len(outs["cat"]) and all(torch.equal(a, b) for a, b in zip(outs["pair"], outs["cat"]))
     cat_ms = rows[IMPLS.index("cat")]["fwd_bwd_ms"]
@@ -93,11 +121,21 @@ def main(argv=None):
     p.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help=f"comma list from {', '.join(SHAPES)}")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (medians reported)")
+    p.add_argument("--recipe", choices=tuple(RECIPE_BLOCK), default="bf16")
+    p.add_argument("--fp8-backward", choices=tuple(FP8_BACKWARD), default="none",
+                   help="with --recipe blockwise: which backward GEMMs run in FP8 (all_tiled: fp8_wgrad='tiled')")
+    p.add_argument("--requantise", action="store_true",
+                   help="drop the weights' cached codes before every timed call (one quantisation per step)")
     common.add_common_args(p, "bench_titan_experts", iters=20, warmup=3)
     args = p.parse_args(argv)
     dev, env = common.start_run(args)
     rows, bad = [], []
+    block = RECIPE_BLOCK[args.recipe]
     for name, dims in selected_shapes(args):
+        _T, H, I, _E, _K = dims
+        if H % block or I % block:
+            print(f"   {name}: skipped (recipe={args.recipe} needs H and I multiples of {block})")
+            continue
         r, same = run_shape(name, *dims, args, dev)
         rows += r
         if not same:
@@ -107,7 +145,9 @@ def main(argv=None):
              "what MokTitanGroupedExperts runs; cat: torch.cat([w1, w3], 1) per call, what it ran before. "
              "Ratios are of fwd+bwd. 'same bits': y and every gradient of the pair equal the concatenation's. "
              f"Medians of {args.rounds} interleaved rounds; L2 flush between timed calls: {args.flush_l2}; "
-             f"iters {args.iters}."]
+             f"iters {args.iters}. recipe {recipe_label(args)}: "
+             + ("the weights' cached codes dropped before every timed call (one quantisation per step)."
+                if args.requantise else "cached codes reused between calls (the cat remakes them every call).")]
     common.write_results(args.out, env, rows, COLUMNS, "torchtitan's w1 / w3 through mok", notes)
     if bad:
         print("DIFFERENT BITS in " + ", ".join(bad))

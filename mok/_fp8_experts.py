@@ -46,8 +46,16 @@ reused until the tensor changes in place (an optimizer step bumps its version co
 replaced. The cache is skipped under torch.compile (the quantisation is then part of the graph) and
 while a CUDA graph is captured (so that each replay quantises the weight as it is then).
 
+gate_up_proj may be a (gate, up) pair of [E, I, H] tensors (torchtitan's w1 and w3, up_proj below): the
+codes are those of their concatenation, made from each half (a 128 x 128 block never straddles the two,
+I % 128 == 0) and cached on the gate for the pair's versions; the backward writes each half's gradient
+into its own tensor (the BF16 kernels' split forms, mok/_gate_up.py, and the FP8 weight gradient's,
+grouped_mm_fp8_gate_up_wgrad). The same bits as the concatenated weight, with no copy of it per call.
+
 Shapes: H, I multiples of 128 (whole scale blocks, as the FP8 GEMM needs); bf16 x and weights.
 """
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -174,6 +182,8 @@ def transpose_expert_codes(q, s):
 
 _CACHE_ATTR = "_mok_fp8_blockwise"
 _CACHE_ATTR_T = "_mok_fp8_blockwise_t"
+_CACHE_ATTR_PAIR = "_mok_fp8_blockwise_pair"  # on the gate of a (gate, up) pair
+_CACHE_ATTR_PAIR_T = "_mok_fp8_blockwise_pair_t"
 
 
 def weight_cache_usable():
@@ -187,32 +197,59 @@ def weight_cache_usable():
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
-def _cached(w, attr, make):
-    """make(w), kept on w and reused while w keeps its storage and version (not cached where
-    weight_cache_usable() says no)."""
+def _version_key(w):
+    return (w._version, w.data_ptr(), tuple(w.shape))
+
+
+def _cached(w, attr, make, partner=None):
+    """make(w), kept on w and reused while w keeps its storage and version, and (partner: the up half of a
+    pair, whose codes are part of the value) while partner is the same tensor with the same storage and
+    version; not cached where weight_cache_usable() says no. The partner is held by a weak reference: a
+    replaced up tensor, even one at the same address, misses."""
     if not weight_cache_usable():
         return make(w)
-    key = (w._version, w.data_ptr(), tuple(w.shape))
+    key = (_version_key(w), None if partner is None else _version_key(partner))
     hit = getattr(w, attr, None)
-    if hit is not None and hit[0] == key:
+    if hit is not None and hit[0] == key and (partner is None or hit[2]() is partner):
         return hit[1]
     value = make(w)
     try:
-        setattr(w, attr, (key, value))
-    except (AttributeError, RuntimeError):  # a tensor that takes no attributes: no cache
+        setattr(w, attr, (key, value, None if partner is None else weakref.ref(partner)))
+    except (AttributeError, RuntimeError, TypeError):  # a tensor that takes no attributes: no cache
         pass
     return value
 
 
-def cached_expert_weight(w):
-    """quantize_expert_weight(w), reused while w keeps its storage and version."""
-    return _cached(w, _CACHE_ATTR, quantize_expert_weight)
+def quantize_expert_weight_pair(gate, up):
+    """quantize_expert_weight(cat([gate, up], 1)) from the halves, which no 128 x 128 block straddles."""
+    (q_gate, s_gate), (q_up, s_up) = quantize_expert_weight(gate), quantize_expert_weight(up)
+    return torch.cat([q_gate, q_up], 1), torch.cat([s_gate, s_up], 1)
 
 
-def cached_expert_weight_t(w, codes):
-    """The codes of w^T per expert (for the FP8 dgrad) from codes = cached_expert_weight(w), reused like
+def cached_expert_weight(w, up=None):
+    """quantize_expert_weight(w), or with up those of the pair's concatenation [E, 2I, H], reused while the
+    weight (both halves) keeps its storage and version."""
+    if up is None:
+        return _cached(w, _CACHE_ATTR, quantize_expert_weight)
+    return _cached(w, _CACHE_ATTR_PAIR, lambda g: quantize_expert_weight_pair(g, up), up)
+
+
+def cached_expert_weight_t(w, codes, up=None):
+    """The codes of w^T per expert (for the FP8 dgrad) from codes = cached_expert_weight(w, up), reused like
     them."""
-    return _cached(w, _CACHE_ATTR_T, lambda t: transpose_expert_codes(*codes))
+    return _cached(w, _CACHE_ATTR_T if up is None else _CACHE_ATTR_PAIR_T, lambda t: transpose_expert_codes(*codes),
+                   up)
+
+
+def drop_cached_codes(*weights):
+    """Forget the FP8 codes and MXFP8 copies cached on these weights (as an optimizer step makes them
+    stale): for benchmarks that time a training step's quantisation of the weights without changing them."""
+    from ._mxfp8_experts import _CACHE_ATTR as mxfp8_attr
+
+    for w in weights:
+        for attr in (_CACHE_ATTR, _CACHE_ATTR_T, _CACHE_ATTR_PAIR, _CACHE_ATTR_PAIR_T, mxfp8_attr):
+            if getattr(w, attr, None) is not None:
+                setattr(w, attr, None)
 
 
 def _rowcol_of_gathered(x, src_of_row, w, top_k, col_recipe=ACT_RECIPE):
@@ -228,6 +265,14 @@ def _rowcol_of_rows(x, src_of_row, top_k, x_rows, col_recipe):
     if x_rows is None:
         return _rowcol_of_gathered(x, src_of_row, None, top_k, col_recipe)
     return quantize_rowcol_for_wgrad(x_rows, col_recipe)
+
+
+def _gate_up_wgrad_fp8(dqt, dst, xt_q, xt_s, offsets, split):
+    """GEMM1's FP8 weight gradient: (d_gate_up [E, 2I, H], None), or with split (torchtitan's pair) (d_gate,
+    d_up), each [E, I, H] and written where it is."""
+    if split:
+        return ops.grouped_mm_fp8_gate_up_wgrad(dqt, dst, xt_q, xt_s, offsets)
+    return ops.grouped_mm_fp8_wgrad(dqt, dst, xt_q, xt_s, offsets), None
 
 
 def _fp8_mm(a, w_q, w_s, offsets):
@@ -256,7 +301,7 @@ class _Fp8GateUp(torch.autograd.Function):
     codes are saved, not x_rows)."""
 
     @staticmethod
-    def forward(ctx, x, gate_up, src_of_row, row_of, top_k, offsets, x_rows, w_q, w_s, wt_q, wt_s, fp8_wgrad):
+    def forward(ctx, x, gate_up, src_of_row, row_of, top_k, offsets, x_rows, w_q, w_s, wt_q, wt_s, fp8_wgrad, up):
         xt_q = xt_s = None
         if fp8_wgrad:
             (x_q, x_s), (xt_q, xt_s) = _rowcol_of_rows(x, src_of_row, top_k, x_rows, wgrad_act_col_recipe(fp8_wgrad))
@@ -264,7 +309,7 @@ class _Fp8GateUp(torch.autograd.Function):
             x_rows = None
         else:
             act, h = _gate_up_fp8(*ops.quantize_fp8(x_rows, ACT_RECIPE), w_q, w_s, offsets)
-        ctx.save_for_backward(x, gate_up, src_of_row, row_of, offsets, x_rows, wt_q, wt_s, xt_q, xt_s)
+        ctx.save_for_backward(x, gate_up, src_of_row, row_of, offsets, x_rows, wt_q, wt_s, xt_q, xt_s, up)
         ctx.top_k = top_k
         ctx.mark_non_differentiable(act)
         ctx.set_materialize_grads(False)
@@ -272,21 +317,22 @@ class _Fp8GateUp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_h, _d_act):
-        x, gate_up, src_of_row, row_of, offsets, x_rows, wt_q, wt_s, xt_q, xt_s = ctx.saved_tensors
+        x, gate_up, src_of_row, row_of, offsets, x_rows, wt_q, wt_s, xt_q, xt_s, up = ctx.saved_tensors
         if d_h is None:
-            return (None,) * 12
+            return (None,) * 13
         d_h = d_h.contiguous()
-        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        need_x = ctx.needs_input_grad[0]
+        need_w = ctx.needs_input_grad[1] or ctx.needs_input_grad[12]
         fp8_dgrad = wt_q is not None and need_x
         fp8_wgrad = xt_q is not None and need_w
         g_row, g_col = _quantize_grad(d_h, fp8_dgrad, fp8_wgrad)
-        d_x, d_w, _ = gate_up_backward(d_h, x, src_of_row, row_of, ctx.top_k, gate_up, offsets, x_rows,
-                                       need_x and not fp8_dgrad, need_w and not fp8_wgrad)
+        d_x, d_w, d_up = gate_up_backward(d_h, x, src_of_row, row_of, ctx.top_k, gate_up, offsets, x_rows,
+                                          need_x and not fp8_dgrad, need_w and not fp8_wgrad, up)
         if fp8_dgrad:
             d_x = ops.combine(ops.grouped_mm_fp8(*g_row, wt_q, wt_s, offsets), row_of, src_of_row, None)
         if fp8_wgrad:
-            d_w = ops.grouped_mm_fp8_wgrad(*g_col, xt_q, xt_s, offsets)  # [E, 2I, H]
-        return d_x, d_w, None, None, None, None, None, None, None, None, None, None
+            d_w, d_up = _gate_up_wgrad_fp8(*g_col, xt_q, xt_s, offsets, up is not None)
+        return (d_x, d_w) + (None,) * 10 + (d_up,)
 
 
 def _down_backward(d_rows, act, down, offsets, wt_q, wt_s, at_q, at_s, need_a, need_w, d_rows_codes=None):
@@ -431,12 +477,13 @@ class _Fp8MlpCombine(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, gate_up, down, w, src_of_row, row_of, top_k, offsets, w1_q, w1_s, w2_q, w2_s, w1t_q, w1t_s,
-                w2t_q, w2t_s, col_recipe):
+                w2t_q, w2t_s, col_recipe, up):
         (x_q, x_s), xt = _rowcol_of_gathered(x, src_of_row, None, top_k, col_recipe)
         h = ops.grouped_mm_fp8(x_q, x_s, w1_q, w1_s, offsets)
         del x_q, x_s  # x_rows' row-wise codes: GEMM1's alone
         ctx.save_for_backward(down, w, src_of_row, row_of, offsets, w1t_q, w1t_s, w2t_q, w2t_s)
         ctx.top_k = top_k
+        ctx.split = up is not None  # GEMM1's weight gradient as (d_gate, d_up)
         ctx.set_materialize_grads(False)
         if ROUTER_GRAD_IN_SWIGLU:
             # act's row-wise codes for GEMM2, z = s * act's column-wise codes for d_down
@@ -466,19 +513,22 @@ class _Fp8MlpCombine(torch.autograd.Function):
         else:
             ctx.inter = None  # the dict is this backward's alone: each pop drops an intermediate after its use
             take = inter.pop
-        none = (None,) * 17
+        none = (None,) * 13  # the inputs after (x, gate_up, down, w) and before up
         if dy is None:
-            return none
+            return (None,) * 18
         need_x, need_w1, need_w2, need_w = ctx.needs_input_grad[:4]
+        need_w1 = need_w1 or ctx.needs_input_grad[17]
         need_h = need_x or need_w1
         if "zt" in inter:
-            return _mlp_combine_scaled_backward(dy, take, ctx.top_k, down, w, src_of_row, row_of, offsets, w1t_q,
-                                                w1t_s, w2t_q, w2t_s, need_x, need_w1, need_w2, need_w) + none[4:]
+            d_x, d_gate_up, d_down, d_w, d_up = _mlp_combine_scaled_backward(
+                dy, take, ctx.top_k, down, w, src_of_row, row_of, offsets, w1t_q, w1t_s, w2t_q, w2t_s, need_x, need_w1,
+                need_w2, need_w, ctx.split)
+            return (d_x, d_gate_up, d_down, d_w) + none + (d_up,)
         # GEMM2's and the combine's gradients, as _Fp8DownCombine's
         d_act, d_down, d_w = _down_combine_backward(dy, down, w, offsets, row_of, src_of_row, take, w2t_q, w2t_s,
                                                     need_h, need_w2, need_w)
         # GEMM1's gradients from d_h's FP8 copies, made from h and d_act by the SwiGLU-backward kernel
-        d_x = d_gate_up = None
+        d_x = d_gate_up = d_up = None
         h, (xt_q, xt_s) = take("h"), take("xt")
         if need_h:
             _, dq, ds, dqt, dst = ops.swiglu_quantize_fp8(h, d_act, need_x, need_w1, False, True, None)
@@ -487,13 +537,14 @@ class _Fp8MlpCombine(torch.autograd.Function):
                 d_x = ops.combine(ops.grouped_mm_fp8(dq, ds, w1t_q, w1t_s, offsets), row_of, src_of_row, None)
             del dq, ds
             if need_w1:
-                d_gate_up = ops.grouped_mm_fp8_wgrad(dqt, dst, xt_q, xt_s, offsets)  # [E, 2I, H]
-        return (d_x, d_gate_up, d_down, d_w) + none[4:]
+                d_gate_up, d_up = _gate_up_wgrad_fp8(dqt, dst, xt_q, xt_s, offsets, ctx.split)
+        return (d_x, d_gate_up, d_down, d_w) + none + (d_up,)
 
 
 def _mlp_combine_scaled_backward(dy, take, top_k, down, w, src_of_row, row_of, offsets, w1t_q, w1t_s, w2t_q, w2t_s,
-                                 need_x, need_w1, need_w2, need_w):
-    """_Fp8MlpCombine's backward with ROUTER_GRAD_IN_SWIGLU: (d_x, d_gate_up, d_down, d_w)."""
+                                 need_x, need_w1, need_w2, need_w, split):
+    """_Fp8MlpCombine's backward with ROUTER_GRAD_IN_SWIGLU: (d_x, d_gate_up, d_down, d_w, d_up) (d_up with
+    split, the pair's; else None)."""
     d_z, d_down = _down_combine_scaled_backward(dy.contiguous(), src_of_row, offsets, top_k, w2t_q, w2t_s,
                                                 take("zt"), need_w2)
     h, (xt_q, xt_s), row_scale = take("h"), take("xt"), take("row_scale")
@@ -502,14 +553,14 @@ def _mlp_combine_scaled_backward(dy, take, top_k, down, w, src_of_row, row_of, o
     want_rows = need_x or not need_w1
     dq, ds, dqt, dst, d_s = ops.swiglu_scaled_quantize_fp8(h, d_z, row_scale, want_rows, need_w1, True, None)
     del h, d_z
-    d_x = d_gate_up = None
+    d_x = d_gate_up = d_up = None
     if need_x:
         d_x = ops.combine(ops.grouped_mm_fp8(dq, ds, w1t_q, w1t_s, offsets), row_of, src_of_row, None)
     del dq, ds
     if need_w1:
-        d_gate_up = ops.grouped_mm_fp8_wgrad(dqt, dst, xt_q, xt_s, offsets)  # [E, 2I, H]
+        d_gate_up, d_up = _gate_up_wgrad_fp8(dqt, dst, xt_q, xt_s, offsets, split)
     d_w = pair_grad_of_rows(d_s, row_of).to(w.dtype) if need_w else None
-    return d_x, d_gate_up, d_down, d_w
+    return d_x, d_gate_up, d_down, d_w, d_up
 
 
 class _Fp8Mlp(torch.autograd.Function):
@@ -522,7 +573,7 @@ class _Fp8Mlp(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, gate_up, down, src_of_row, row_of, top_k, offsets, w1_q, w1_s, w2_q, w2_s, w1t_q, w1t_s,
-                w2t_q, w2t_s, wgrad1, wgrad2, keep_act):
+                w2t_q, w2t_s, wgrad1, wgrad2, keep_act, up):
         # gathered here, so that with wgrad1 only its FP8 copies outlive GEMM1 (and with GATHER_QUANT
         # x_rows is never written)
         x_rows = None if wgrad1 and GATHER_QUANT else ops.gather_rows(x, src_of_row, None, top_k, row_of)
@@ -539,7 +590,7 @@ class _Fp8Mlp(torch.autograd.Function):
         rows = ops.grouped_mm_fp8(a_q, a_s, w2_q, w2_s, offsets)
         at = (at_q, at_s.t().contiguous()) if wgrad2 else (None, None)
         ctx.save_for_backward(x, gate_up, down, src_of_row, row_of, offsets, x_rows, h,
-                              act if act.numel() else None, w1t_q, w1t_s, w2t_q, w2t_s, *(xt or (None, None)), *at)
+                              act if act.numel() else None, w1t_q, w1t_s, w2t_q, w2t_s, *(xt or (None, None)), *at, up)
         ctx.top_k = top_k
         ctx.set_materialize_grads(False)
         return rows
@@ -547,16 +598,17 @@ class _Fp8Mlp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_rows):
         (x, gate_up, down, src_of_row, row_of, offsets, x_rows, h, act, w1t_q, w1t_s, w2t_q, w2t_s, xt_q, xt_s,
-         at_q, at_s) = ctx.saved_tensors
-        none = (None,) * 18
+         at_q, at_s, up) = ctx.saved_tensors
+        none = (None,) * 15  # the inputs after (x, gate_up, down) and before up
         if d_rows is None:
-            return none
+            return (None,) * 19
         need_x, need_w1, need_w2 = ctx.needs_input_grad[:3]
+        need_w1 = need_w1 or ctx.needs_input_grad[18]
         need_h = need_x or need_w1
         # GEMM2: d_act = d_rows @ down[e], d_down[e] = d_rows^T act
         d_act, d_down = _down_backward(d_rows.contiguous(), act, down, offsets, w2t_q, w2t_s, at_q, at_s, need_h,
                                        need_w2)
-        d_x = d_gate_up = None
+        d_x = d_gate_up = d_up = None
         if need_h:
             # SwiGLU's backward with d_h quantised for the FP8 GEMMs that read it; bf16 d_h for the BF16 ones
             dgrad1 = w1t_q is not None and need_x
@@ -569,51 +621,57 @@ class _Fp8Mlp(torch.autograd.Function):
                 d_h = ops.swiglu_backward(h, d_act)
                 (dq, ds), (dqt, dst) = [t or (None, None) for t in _quantize_grad(d_h, dgrad1, fp8_wgrad1)]
             del d_act
-            d_x, d_gate_up, _ = gate_up_backward(d_h, x, src_of_row, row_of, ctx.top_k, gate_up, offsets, x_rows,
-                                                 bf16_x, bf16_w)
+            d_x, d_gate_up, d_up = gate_up_backward(d_h, x, src_of_row, row_of, ctx.top_k, gate_up, offsets,
+                                                    x_rows, bf16_x, bf16_w, up)
             if dgrad1:
                 d_x = ops.combine(ops.grouped_mm_fp8(dq, ds, w1t_q, w1t_s, offsets), row_of, src_of_row, None)
             if fp8_wgrad1:
-                d_gate_up = ops.grouped_mm_fp8_wgrad(dqt, dst, xt_q, xt_s, offsets)  # [E, 2I, H]
-        return (d_x, d_gate_up, d_down) + none[3:]
+                d_gate_up, d_up = _gate_up_wgrad_fp8(dqt, dst, xt_q, xt_s, offsets, up is not None)
+        return (d_x, d_gate_up, d_down) + none + (d_up,)
 
 
-def check_blockwise_args(x, gate_up_proj):
-    """The recipe's extra conditions, with errors that name the argument."""
+def check_blockwise_args(x, gate_up_proj, up_proj=None):
+    """The recipe's extra conditions, with errors that name the argument (up_proj: the up half of a
+    (gate, up) pair, gate_up_proj then the gate [E, I, H])."""
     if x.dtype != torch.bfloat16:
         raise ValueError(f"mok: recipe='blockwise' needs bfloat16 x and weights, got {x.dtype}")
-    _E, two_i, H = gate_up_proj.shape
-    if H % BLOCK or (two_i // 2) % BLOCK:
+    _E, rows, H = gate_up_proj.shape
+    I = rows if up_proj is not None else rows // 2
+    if H % BLOCK or I % BLOCK:
         raise ValueError(
             f"mok: recipe='blockwise' needs the hidden size and the intermediate size to be multiples of {BLOCK} "
-            f"(whole 128-wide scale blocks), got H={H}, I={two_i // 2}"
+            f"(whole 128-wide scale blocks), got H={H}, I={I}"
         )
 
 
-def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj, fp8_dgrad=False, fp8_wgrad=False):
-    """y [T, H] of the routed experts under the blockwise recipe (inputs already checked)."""
+def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj, fp8_dgrad=False, fp8_wgrad=False,
+                      up_proj=None):
+    """y [T, H] of the routed experts under the blockwise recipe (inputs already checked). up_proj: the up
+    half [E, I, H] of a (gate, up) pair, gate_up_proj then the gate half."""
     acc = torch.float32
     x = x.contiguous()
-    w1_q, w1_s = cached_expert_weight(gate_up_proj)
+    w1_q, w1_s = cached_expert_weight(gate_up_proj, up_proj)
     w2_q, w2_s = cached_expert_weight(down_proj)
     w1t_q = w1t_s = w2t_q = w2t_s = None
     grad = torch.is_grad_enabled()
     if fp8_dgrad and grad:
-        w1t_q, w1t_s = cached_expert_weight_t(gate_up_proj, (w1_q, w1_s))
+        w1t_q, w1t_s = cached_expert_weight_t(gate_up_proj, (w1_q, w1_s), up_proj)
         w2t_q, w2t_s = cached_expert_weight_t(down_proj, (w2_q, w2_s))
     # column-wise copies of x_rows and act only where a weight gradient will be taken
-    wgrad1 = bool(fp8_wgrad and grad and gate_up_proj.requires_grad)
+    w1_grad = gate_up_proj.requires_grad or (up_proj is not None and up_proj.requires_grad)
+    wgrad1 = bool(fp8_wgrad and grad and w1_grad)
     wgrad2 = bool(fp8_wgrad and grad and down_proj.requires_grad)
     if (FUSED_MLP_COMBINE and GATHER_QUANT and not FUSED_GATE_UP and wgrad1 and wgrad2 and w1t_q is not None
             and (torch.compiler.is_compiling() or not _saved_tensor_hooks_active())):
         return _Fp8MlpCombine.apply(x, gate_up_proj, down_proj, topk_w.to(acc).contiguous(), plan.src_of_row,
                                     plan.row_of, top_k, plan.offsets, w1_q, w1_s, w2_q, w2_s, w1t_q, w1t_s, w2t_q,
-                                    w2t_s, wgrad_act_col_recipe(fp8_wgrad))
+                                    w2t_s, wgrad_act_col_recipe(fp8_wgrad), up_proj)
     # (the one-node path's SwiGLU kernel quantises act 1 x 128 both ways: "tiled" takes the three nodes)
     if FUSED_SWIGLU_QUANT and not FUSED_GATE_UP and fp8_wgrad != "tiled":
         keep_act = bool(grad and down_proj.requires_grad)  # the BF16 d_down reads act
         rows = _Fp8Mlp.apply(x, gate_up_proj, down_proj, plan.src_of_row, plan.row_of, top_k, plan.offsets,
-                             w1_q, w1_s, w2_q, w2_s, w1t_q, w1t_s, w2t_q, w2t_s, wgrad1 and fp8_wgrad, wgrad2, keep_act)
+                             w1_q, w1_s, w2_q, w2_s, w1t_q, w1t_s, w2t_q, w2t_s, wgrad1 and fp8_wgrad, wgrad2, keep_act,
+                             up_proj)
         return ops.combine(rows, plan.row_of, plan.src_of_row, topk_w.to(acc).contiguous())
     # the FP8 GEMM reads rows of A by TMA: one gathered copy of the token rows (also the BF16 weight
     # gradient's operand), or with wgrad1 and GATHER_QUANT only its FP8 copies, made from x
@@ -621,7 +679,7 @@ def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj, fp8_dgrad
     if not (wgrad1 and GATHER_QUANT):
         x_rows = ops.gather_rows(x.detach(), plan.src_of_row, None, top_k, plan.row_of)
     h, act = _Fp8GateUp.apply(x, gate_up_proj, plan.src_of_row, plan.row_of, top_k, plan.offsets, x_rows, w1_q,
-                              w1_s, w1t_q, w1t_s, wgrad1 and fp8_wgrad)
+                              w1_s, w1t_q, w1t_s, wgrad1 and fp8_wgrad, up_proj)
     del x_rows  # with fp8_wgrad only its FP8 copies live on
     act = _SwiGLUOf.apply(h, act) if h.requires_grad else act
     if GATHER_QUANT and wgrad2 and w2t_q is not None:

@@ -39,6 +39,12 @@ Weights' qdq copies are kept on the weight tensor and reused while it keeps its 
 (an optimizer step bumps the version), as the blockwise recipe's codes; not under torch.compile nor
 while a CUDA graph is captured.
 
+gate_up may be a (gate, up) pair of [E, I, H] tensors (torchtitan's w1 and w3): each half's qdq copies
+are its own (no MXFP8 block straddles the halves: I % 32 == 0, along H and along each expert's rows)
+and cached on it, and the BF16 kernels read them, and write the halves' gradients, as a pair (their
+split forms, mok/_gate_up.py): the concatenation's bits without a concatenation. (QDQ_IN_GEMM's kernels
+have no split form: there the pair is concatenated per call.)
+
 Shapes: bf16 x and weights, H and I multiples of 32 (whole MXFP8 blocks along every contraction).
 """
 import torch
@@ -68,18 +74,19 @@ GATHER_QDQ = True
 QDQ_IN_GEMM = False
 
 
-def check_mxfp8_args(x, gate_up_proj):
-    """The recipe's extra conditions, with errors that name the argument."""
+def check_mxfp8_args(x, gate_up_proj, up_proj=None):
+    """The recipe's extra conditions, with errors that name the argument (up_proj: the up half of a
+    (gate, up) pair, gate_up_proj then the gate [E, I, H])."""
     if x.dtype != torch.bfloat16:
         raise ValueError(f"mok: recipe='mxfp8' needs bfloat16 x and weights, got x of dtype {x.dtype}")
     if gate_up_proj.dtype != torch.bfloat16:
         raise ValueError(f"mok: recipe='mxfp8' needs bfloat16 weights, got gate_up_proj of dtype {gate_up_proj.dtype}")
-    _E, two_i, H = gate_up_proj.shape
-    if H % BLOCK or (two_i // 2) % BLOCK:
+    _E, rows, H = gate_up_proj.shape
+    I, i_of = (rows, "gate_up_proj[0].shape[1]") if up_proj is not None else (rows // 2, "gate_up_proj.shape[1] / 2")
+    if H % BLOCK or I % BLOCK:
         raise ValueError(
             f"mok: recipe='mxfp8' needs the hidden size H (x.shape[1], gate_up_proj.shape[2]) and the intermediate "
-            f"size I (gate_up_proj.shape[1] / 2) to be multiples of {BLOCK} (whole MXFP8 blocks), got H={H}, "
-            f"I={two_i // 2}"
+            f"size I ({i_of}) to be multiples of {BLOCK} (whole MXFP8 blocks), got H={H}, I={I}"
         )
 
 
@@ -133,10 +140,12 @@ def _mm_of_rows(t, t_rows, b, offsets, trans_b, in_gemm):
 class _MxGateUp(torch.autograd.Function):
     """h = qdq(x_rows) @ qdq(gate_up[e])^T, with act = SwiGLU(h) from the same fused kernel (its
     gradient reaches h through _SwiGLUOf, as in mok/_gate_up.py). Backward: d_h (qdq'd both ways in
-    one pass) -> d_x = combine(qdq(d_h) @ gate_up_cols[e]) and d_gate_up = qdq_c(d_h)^T qdq_c(x_rows)."""
+    one pass) -> d_x = combine(qdq(d_h) @ gate_up_cols[e]) and d_gate_up = qdq_c(d_h)^T qdq_c(x_rows).
+    With up (a (gate, up) pair; gate_up the gate): up_rows / up_cols the up half's copies beside w_rows /
+    w_cols, the gate's, read as a pair, and the gradient returned as (d_gate, d_up)."""
 
     @staticmethod
-    def forward(ctx, x, gate_up, src_of_row, row_of, top_k, offsets, w_rows, w_cols, need_w):
+    def forward(ctx, x, gate_up, src_of_row, row_of, top_k, offsets, w_rows, w_cols, need_w, up, up_rows, up_cols):
         # the column-wise copy of x_rows is the weight gradient's operand: made now, from the same read
         # (the backward follows the forward's choice: QDQ_IN_GEMM may change in between)
         ctx.in_gemm = QDQ_IN_GEMM
@@ -150,27 +159,36 @@ class _MxGateUp(torch.autograd.Function):
                 x_rows = ops.gather_rows(x, src_of_row, None, top_k, row_of)
                 x_r, x_c = ops.qdq_mxfp8(x_rows, offsets, True, need_w)
                 del x_rows
-            act, h = ops.grouped_mm_swiglu(x, src_of_row, row_of, top_k, w_rows, offsets, x_r)
-        ctx.save_for_backward(src_of_row, row_of, offsets, x_c if need_w else None, w_cols)
+            act, h = ops.grouped_mm_swiglu(x, src_of_row, row_of, top_k, w_rows, offsets, x_r, up_rows)
+        ctx.save_for_backward(src_of_row, row_of, offsets, x_c if need_w else None, w_cols, up_cols)
+        ctx.split = up is not None
         ctx.mark_non_differentiable(act)
         ctx.set_materialize_grads(False)
         return h, act
 
     @staticmethod
     def backward(ctx, d_h, _d_act):
-        src_of_row, row_of, offsets, x_c, w_cols = ctx.saved_tensors
-        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        src_of_row, row_of, offsets, x_c, w_cols, up_cols = ctx.saved_tensors
+        need_x = ctx.needs_input_grad[0]
+        need_w = ctx.needs_input_grad[1] or ctx.needs_input_grad[9]
         if d_h is None or not (need_x or need_w):
-            return (None,) * 9
+            return (None,) * 12
         d_h = d_h.contiguous()
         d_r, d_c = _qdq_copies(d_h, offsets, need_x, need_w, ctx.in_gemm)
-        d_x = d_w = None
+        d_x = d_w = d_up = None
         if need_x:
             # [R, 2I] . [E, 2I, H] -> [R, H], then each token's K rows summed in a fixed order
-            d_x = ops.combine(_mm_of_rows(d_h, d_r, w_cols, offsets, False, ctx.in_gemm), row_of, src_of_row, None)
+            if ctx.split:  # (in_gemm never has a pair: experts_mxfp8 concatenates it)
+                d_rows = ops.grouped_mm_gate_up_dgrad(d_r, w_cols, up_cols, offsets)
+            else:
+                d_rows = _mm_of_rows(d_h, d_r, w_cols, offsets, False, ctx.in_gemm)
+            d_x = ops.combine(d_rows, row_of, src_of_row, None)
         if need_w:
-            d_w = ops.grouped_mm_wgrad(d_c, x_c, None, 1, offsets)  # [E, 2I, H]
-        return d_x, d_w, None, None, None, None, None, None, None
+            if ctx.split:
+                d_w, d_up = ops.grouped_mm_gate_up_wgrad(d_c, x_c, None, 1, offsets)  # [E, I, H] each
+            else:
+                d_w = ops.grouped_mm_wgrad(d_c, x_c, None, 1, offsets)  # [E, 2I, H]
+        return (d_x, d_w) + (None,) * 7 + (d_up, None, None)
 
 
 class _MxDown(torch.autograd.Function):
@@ -235,24 +253,27 @@ class _MxDownCombine(torch.autograd.Function):
         return (d_act, d_down, d_topk_w) + (None,) * 6
 
 
-def experts_mxfp8(x, plan, top_k, topk_w, gate_up_proj, down_proj):
+def experts_mxfp8(x, plan, top_k, topk_w, gate_up_proj, down_proj, up_proj=None):
     """y [T, H] bf16 of the routed experts under the MXFP8 recipe (qdq emulation on Hopper).
 
     x [T, H] bf16; plan: mok.functional.moe_plan(topk_idx, E) (any tile: 1 on the CPU, 128 on CUDA;
     CUDA needs offsets that are multiples of 32); top_k = K; topk_w [T, K] (used in fp32);
     gate_up_proj [E, 2I, H] and down_proj [E, H, I] bf16; H and I multiples of 32 (inputs checked by
-    the caller: mok.functional's checks and check_mxfp8_args). Differentiable in x, topk_w and both
-    weights."""
+    the caller: mok.functional's checks and check_mxfp8_args); up_proj: the up half [E, I, H] of a
+    (gate, up) pair, gate_up_proj then the gate. Differentiable in x, topk_w and every weight."""
     x = x.contiguous()
+    if up_proj is not None and QDQ_IN_GEMM:  # the GEMMs that round A themselves take one weight
+        gate_up_proj, up_proj = torch.cat([gate_up_proj, up_proj], dim=1), None
     grad = torch.is_grad_enabled()
     need_x = grad and x.requires_grad
-    need_w1 = grad and gate_up_proj.requires_grad
+    need_w1 = grad and (gate_up_proj.requires_grad or (up_proj is not None and up_proj.requires_grad))
     need_w2 = grad and down_proj.requires_grad
     need_act = need_x or need_w1  # act's gradient feeds d_h
     w1_r, w1_c = cached_expert_weight(gate_up_proj, need_x)
+    up_r, up_c = cached_expert_weight(up_proj, need_x) if up_proj is not None else (None, None)
     w2_r, w2_c = cached_expert_weight(down_proj, need_act)
     h, act = _MxGateUp.apply(x, gate_up_proj, plan.src_of_row, plan.row_of, top_k, plan.offsets, w1_r, w1_c,
-                             need_w1)
+                             need_w1, up_proj, up_r, up_c)
     if need_act:
         act = _SwiGLUOf.apply(h, act)
     del h

@@ -247,6 +247,12 @@ def _grouped_mm_fp8_wgrad_fake(a, a_scales, b, b_scales, offsets):
     return a.new_empty((offsets.shape[0] - 1, a.shape[0], b.shape[0]), dtype=torch.bfloat16)
 
 
+@torch.library.register_fake("mok::grouped_mm_fp8_gate_up_wgrad")
+def _grouped_mm_fp8_gate_up_wgrad_fake(a, a_scales, b, b_scales, offsets):
+    shape = (offsets.shape[0] - 1, a.shape[0] // 2, b.shape[0])
+    return a.new_empty(shape, dtype=torch.bfloat16), a.new_empty(shape, dtype=torch.bfloat16)
+
+
 # ------------------------------------------------------------------------------------------------
 # autograd
 # ------------------------------------------------------------------------------------------------
@@ -393,6 +399,7 @@ ALL_OPS = (
     "grouped_mm_fp8",
     "grouped_mm_fp8_swiglu",
     "grouped_mm_fp8_wgrad",
+    "grouped_mm_fp8_gate_up_wgrad",
     "qdq_mxfp8",
     "qdq_mxfp8_gather",
     "device_errors",

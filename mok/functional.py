@@ -167,9 +167,10 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
     x [T, H]; topk_idx [T, K] int32/int64; topk_w [T, K] (any float dtype; used in fp32);
     gate_up_proj [E, 2I, H] and down_proj [E, H, I] (the Hugging Face transformers v5 layout, the
     dtype of x); gate_up_proj may also be a pair (gate [E, I, H], up [E, I, H]) of separate tensors
-    (torchtitan's w1 and w3): with recipe="bf16" on CUDA the kernels read and write them where they
-    are (I a multiple of 64 on sm_90a; otherwise, and on the CPU, they are concatenated per call, as
-    they are for the FP8 and MXFP8 recipes, which make their own copies of the weights anyway).
+    (torchtitan's w1 and w3), the same bits as their concatenation without one per call: on CUDA the
+    BF16 kernels read and write them where they are (I a multiple of 64 on sm_90a; otherwise, and on
+    the CPU, the C++ layer concatenates and splits with a copy), and the FP8 and MXFP8 recipes cache
+    their codes per version of the pair as they do for one weight.
     Returns y [T, H] in the dtype of x. Differentiable in x, topk_w and every weight.
 
     An expert id outside [0, E) is an error; with skip_invalid=True such pairs are skipped (the
@@ -193,13 +194,10 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
     gate_up_proj, up_proj = _gate_up_pair(gate_up_proj)
     x, gate_up_proj, up_proj, down_proj = _autocast(x, gate_up_proj, up_proj, down_proj)
     _check_experts_args(x, topk_idx, topk_w, gate_up_proj, down_proj, up_proj)
-    if up_proj is not None and recipe != "bf16":
-        # The FP8 / MXFP8 paths quantise or round the weight per call into copies of their own.
-        gate_up_proj, up_proj = torch.cat([gate_up_proj, up_proj], dim=1), None
     if recipe == "blockwise":
-        _fp8_experts.check_blockwise_args(x, gate_up_proj)
+        _fp8_experts.check_blockwise_args(x, gate_up_proj, up_proj)
     elif recipe == "mxfp8":
-        _mxfp8_experts.check_mxfp8_args(x, gate_up_proj)
+        _mxfp8_experts.check_mxfp8_args(x, gate_up_proj, up_proj)
     if _eager() and x.is_cuda:
         _errors.check_errors()
     E = gate_up_proj.shape[0]
@@ -208,9 +206,9 @@ def moe_experts(x, topk_idx, topk_w, gate_up_proj, down_proj, *, skip_invalid=Fa
         plan = moe_plan(topk_idx, E, skip_invalid=skip_invalid)
     if recipe == "blockwise":
         return _fp8_experts.experts_blockwise(x, plan, K, topk_w, gate_up_proj, down_proj, fp8_dgrad=fp8_dgrad,
-                                              fp8_wgrad=fp8_wgrad)
+                                              fp8_wgrad=fp8_wgrad, up_proj=up_proj)
     if recipe == "mxfp8":
-        return _mxfp8_experts.experts_mxfp8(x, plan, K, topk_w, gate_up_proj, down_proj)
+        return _mxfp8_experts.experts_mxfp8(x, plan, K, topk_w, gate_up_proj, down_proj, up_proj)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     x = x.contiguous()
     x_rows = None

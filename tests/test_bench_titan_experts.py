@@ -8,3 +8,13 @@ def test_titan_experts_benchmark_quick_run(tmp_path):
     assert {r["impl"] for r in rows} == {"fused", "pair", "cat"}
     assert all(r["fwd_bwd_ms"] > 0 and r["fwd_ms"] > 0 for r in rows)
     assert all(r["same"] == "yes" for r in rows if r["impl"] == "pair")
+
+
+def test_titan_experts_benchmark_fp8_recipe_quick_run(tmp_path):
+    # the blockwise recipe with every GEMM in FP8, codes remade before every timed call: only the shape
+    # with whole 128-wide scale blocks runs, and the pair still gives the concatenation's bits
+    rows = quick_benchmark_rows("bench_titan_experts.py", tmp_path / "titan_fp8.json", "--device", "cpu",
+                                "--recipe", "blockwise", "--fp8-backward", "all", "--requantise")
+    assert {r["shape"] for r in rows} == {"tiny_h128"}
+    assert {r["recipe"] for r in rows} == {"blockwise/all/requantise"}
+    assert all(r["same"] == "yes" for r in rows if r["impl"] == "pair")

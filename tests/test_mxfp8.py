@@ -503,9 +503,23 @@ class _OpsSpy:
     def kind(self, t):
         return self.copies.get(t.data_ptr(), ("not a qdq copy", None))
 
-    def grouped_mm_swiglu(self, x, src_of_row, row_of, top_k, gate_up, offsets, x_rows=None):
-        self.gemms.append(("gemm1", self.kind(x_rows)[0], self.kind(gate_up)))
-        return ops.grouped_mm_swiglu(x, src_of_row, row_of, top_k, gate_up, offsets, x_rows)
+    def pair_kind(self, gate, up):
+        """kind() of a weight, or of a (gate, up) pair's halves when they agree."""
+        kind = self.kind(gate)
+        return kind if up is None or self.kind(up) == kind else ("halves differ", kind, self.kind(up))
+
+    def grouped_mm_swiglu(self, x, src_of_row, row_of, top_k, gate_up, offsets, x_rows=None, up=None):
+        self.gemms.append(("gemm1", self.kind(x_rows)[0], self.pair_kind(gate_up, up)))
+        return ops.grouped_mm_swiglu(x, src_of_row, row_of, top_k, gate_up, offsets, x_rows, up)
+
+    # a (gate, up) pair's dgrad and weight gradient (torchtitan's w1 / w3)
+    def grouped_mm_gate_up_dgrad(self, d_h, gate, up, offsets):
+        self.gemms.append(("NN", self.kind(d_h)[0], self.pair_kind(gate, up)))
+        return ops.grouped_mm_gate_up_dgrad(d_h, gate, up, offsets)
+
+    def grouped_mm_gate_up_wgrad(self, a, b, b_gather, b_gather_div, offsets):
+        self.gemms.append(("wgrad", self.kind(a), self.kind(b), offsets.data_ptr()))
+        return ops.grouped_mm_gate_up_wgrad(a, b, b_gather, b_gather_div, offsets)
 
     def grouped_mm(self, a, a_gather, a_gather_div, b, offsets, trans_b):
         self.gemms.append(("NT" if trans_b else "NN", self.kind(a)[0], self.kind(b)))
@@ -526,8 +540,9 @@ class _OpsSpy:
         return ops.grouped_mm_mxfp8_a(a, a_gather, a_gather_div, b, offsets, trans_b)
 
 
-@pytest.mark.parametrize("gather_qdq,qdq_in_gemm", [(True, False), (False, False), (True, True)])
-def test_every_gemm_operand_is_quantised_along_its_contraction(monkeypatch, gather_qdq, qdq_in_gemm):
+@pytest.mark.parametrize("gather_qdq,qdq_in_gemm,pair", [(True, False, False), (False, False, False),
+                                                          (True, True, False), (True, False, True)])
+def test_every_gemm_operand_is_quantised_along_its_contraction(monkeypatch, gather_qdq, qdq_in_gemm, pair):
     # A block along the wrong dimension changes few values (E4M3 keeps 4 significant bits at any
     # power-of-two scale: the scale only decides which elements, below ~2^-15 of the block's amax,
     # fall into the subnormal codes), so the numerical tests cannot see one: check the plumbing.
@@ -538,8 +553,13 @@ def test_every_gemm_operand_is_quantised_along_its_contraction(monkeypatch, gath
     case = MoECase(70, 64, 32, 4, 2)
     x, idx, w, gu, dn = make_inputs(case, "cpu")
     plan = mok.functional.moe_plan(idx, case.E)
-    y = MX.experts_mxfp8(x, plan, case.K, w, gu, dn)
-    torch.autograd.grad(y, (x, w, gu, dn), torch.randn_like(y))
+    if pair:  # torchtitan's w1 / w3: each half's copies, read (and its gradient written) as a pair
+        gate, up = (t.detach().contiguous().requires_grad_(True) for t in (gu[:, :case.I], gu[:, case.I:]))
+        y = MX.experts_mxfp8(x, plan, case.K, w, gate, dn, up)
+        torch.autograd.grad(y, (x, w, gate, up, dn), torch.randn_like(y))
+    else:
+        y = MX.experts_mxfp8(x, plan, case.K, w, gu, dn)
+        torch.autograd.grad(y, (x, w, gu, dn), torch.randn_like(y))
     plan_off = plan.offsets.data_ptr()
     weight_rows, weight_cols = ("rows", None), ("cols", None)  # weights: [E * N, K], no segments
     assert sorted(spy.gemms, key=str) == sorted([

@@ -83,6 +83,7 @@ def op_cases(device):
         "grouped_mm_fp8": [fp8_gemm_case(device)],
         "grouped_mm_fp8_swiglu": [fp8_gemm_case(device)],  # b's 256 rows: [gate | up] of I = 128
         "grouped_mm_fp8_wgrad": [fp8_wgrad_case(device)],
+        "grouped_mm_fp8_gate_up_wgrad": [fp8_wgrad_case(device)],  # a's 256 rows: [gate | up] of I = 128
         "qdq_mxfp8": [(torch.randn(96, 64, device=device, dtype=torch.bfloat16), None, True, False),
                       (torch.randn(96, 64, device=device, dtype=torch.bfloat16),
                        torch.tensor([0, 32, 32, 96], dtype=torch.int32, device=device), True, True)],
@@ -130,7 +131,7 @@ def test_opcheck(device, name):
     # NOTE: opcheck's schema test does arithmetic on the inputs, which float8 tensors do not support.
     utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     fp8_out = ("dequantize_fp8", "swiglu_quantize_fp8", "swiglu_scaled_quantize_fp8", "grouped_mm_fp8",
-               "grouped_mm_fp8_swiglu", "grouped_mm_fp8_wgrad")
+               "grouped_mm_fp8_swiglu", "grouped_mm_fp8_wgrad", "grouped_mm_fp8_gate_up_wgrad")
     kw = {"test_utils": utils} if name in fp8_out else {}
     for args in op_cases(device)[name]:
         torch.library.opcheck(getattr(ops, name).default, args, **kw)

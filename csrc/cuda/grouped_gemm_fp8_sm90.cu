@@ -10,6 +10,7 @@
 #include "common/launch.cuh"
 #include "gemm/cluster_launch.cuh"
 #include "gemm/grouped_gemm_fp8_sm90.cuh"
+#include "gemm/grouped_gemm_sm90.h"
 #include "gemm/tensor_map.h"
 #include "mok_fp8_gemm_cuda.h"
 
@@ -178,6 +179,7 @@ extern "C" int mok_grouped_gemm_fp8_wgrad_supported(const struct mok_grouped_gem
     if (a->R < 0 || a->E < 1 || a->E > MOK_INT32_LIMIT || a->R > MOK_INT32_LIMIT) return 0;
     if (a->M <= 0 || a->N <= 0 || a->M % f8::BM || a->N % f8::SCALE_BLOCK || a->R % 16) return 0;
     if (!pointers_aligned(a)) return 0;
+    if (a->out_second && ((a->M / 2) % 64 || !mok_sm90_planes_ok(a->out, a->out_second))) return 0;
     return mok_tma::is_hopper() && mok_tma::encode_fn() != NULL;
 }
 
@@ -207,7 +209,22 @@ extern "C" int mok_grouped_gemm_fp8_wgrad_cuda(const struct mok_grouped_gemm_fp8
         const void* base = a->R > 0 ? a->b : a->out;
         if (!mok_tma::encode(&tma_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, base, 2, dims, strides, box)) return MOK_ERR_ARG;
     }
-    {
+    f8::params p;
+    memset(&p, 0, sizeof p);
+    if (a->out_second) {
+        /* split out: rows [0, M / 2) and [M / 2, M) of [E, M / 2, N] each, as planes of one
+         * [2, E, M / 2, N] map ([64 x 64] boxes; a chunk's 64 rows never straddle the halves) */
+        MOK_CHECK_ARG(a->M % 2 == 0 && (a->M / 2) % 64 == 0 && mok_sm90_planes_ok(a->out, a->out_second));
+        const int64_t Mh = a->M / 2;
+        uint64_t plane_stride;
+        const void* base = mok_sm90_split_base(a->out, a->out_second, &plane_stride, &p.split_flip);
+        p.split_rows = Mh;
+        const cuuint64_t dims[4] = {(cuuint64_t)a->N, (cuuint64_t)Mh, (cuuint64_t)a->E, 2};
+        const cuuint64_t strides[3] = {(cuuint64_t)a->N * 2, (cuuint64_t)(a->N * Mh * 2), plane_stride};
+        const cuuint32_t box[4] = {64, 64, 1, 1};
+        if (!mok_tma::encode(&tma_out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, base, 4, dims, strides, box))
+            return MOK_ERR_ARG;
+    } else {
         /* out [E, M, N] bf16: [64 x 64] epilogue boxes of one expert */
         const cuuint64_t dims[3] = {(cuuint64_t)a->N, (cuuint64_t)a->M, (cuuint64_t)a->E};
         const cuuint64_t strides[2] = {(cuuint64_t)a->N * 2, (cuuint64_t)(a->N * a->M * 2)};
@@ -215,8 +232,6 @@ extern "C" int mok_grouped_gemm_fp8_wgrad_cuda(const struct mok_grouped_gemm_fp8
         if (!mok_tma::encode(&tma_out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a->out, 3, dims, strides, box))
             return MOK_ERR_ARG;
     }
-    f8::params p;
-    memset(&p, 0, sizeof p);
     p.sa = a->sa;
     p.sb = a->sb;
     p.offsets = a->offsets;

@@ -109,19 +109,6 @@ extern "C" int mok_grouped_gemm_sm90_supported(const struct mok_grouped_gemm_arg
     return is_hopper() && encode_fn() != NULL;
 }
 
-namespace {
-
-/* The map base and plane stride of a weight split over two tensors (first: half 0, second: half 1):
- * the lower address is the base, so the stride is positive; *flip = 1 when that is the second. */
-const void* split_base(const void* first, const void* second, cuuint64_t* plane_stride, int32_t* flip) {
-    const uintptr_t f = (uintptr_t)first, s = (uintptr_t)second;
-    *flip = s < f ? 1 : 0;
-    *plane_stride = (cuuint64_t)(s < f ? f - s : s - f);
-    return s < f ? second : first;
-}
-
-}  // namespace
-
 extern "C" int mok_grouped_gemm_sm90(const struct mok_grouped_gemm_args* a, cudaStream_t stream) {
     const bool swiglu = a->swiglu_out != NULL;
     const bool gather = a->a_gather != NULL;
@@ -149,8 +136,8 @@ extern "C" int mok_grouped_gemm_sm90(const struct mok_grouped_gemm_args* a, cuda
     if (a->trans_b && a->b_second) {
         /* ---- split SwiGLU weight: gate [E, I, K] and up [E, I, K] as planes of one [2, E, I, K] map ---- */
         const cuuint64_t I = (cuuint64_t)(a->N / 2);
-        cuuint64_t plane_stride;
-        const void* base = split_base(a->b, a->b_second, &plane_stride, &p.split_flip);
+        uint64_t plane_stride;
+        const void* base = mok_sm90_split_base(a->b, a->b_second, &plane_stride, &p.split_flip);
         p.split_rows = (int64_t)I;
         const cuuint64_t b_dims[4] = {(cuuint64_t)a->Kd, I, (cuuint64_t)a->E, 2};
         const cuuint64_t b_strides[3] = {row_bytes, I * row_bytes, plane_stride};
@@ -168,8 +155,8 @@ extern "C" int mok_grouped_gemm_sm90(const struct mok_grouped_gemm_args* a, cuda
     } else if (a->b_second) {
         /* ---- split NN weight: K halves [E, K / 2, N] as planes of one [2, E, K / 2, N] map ---- */
         const int64_t Kh = a->Kd / 2;
-        cuuint64_t plane_stride;
-        const void* base = split_base(a->b, a->b_second, &plane_stride, &p.split_flip);
+        uint64_t plane_stride;
+        const void* base = mok_sm90_split_base(a->b, a->b_second, &plane_stride, &p.split_flip);
         p.split_rows = Kh;
         const cuuint64_t dims[4] = {(cuuint64_t)a->N, (cuuint64_t)Kh, (cuuint64_t)a->E, 2};
         const cuuint64_t strides[3] = {(cuuint64_t)a->N * 2, (cuuint64_t)(Kh * a->N * 2), plane_stride};
@@ -260,8 +247,8 @@ extern "C" int mok_grouped_gemm_wgrad_sm90(const void* a, const void* b, const i
          * [2, E, M / 2, N] map ---- */
         if (M % 2 || (M / 2) % 64 || !mok_sm90_planes_ok(out, out_second)) return MOK_ERR_ARG;
         const int64_t Mh = M / 2;
-        cuuint64_t plane_stride;
-        const void* base = split_base(out, out_second, &plane_stride, &p.split_flip);
+        uint64_t plane_stride;
+        const void* base = mok_sm90_split_base(out, out_second, &plane_stride, &p.split_flip);
         p.split_rows = Mh;
         const cuuint64_t dims[4] = {(cuuint64_t)N, (cuuint64_t)Mh, (cuuint64_t)E, 2};
         const cuuint64_t strides[3] = {(cuuint64_t)N * 2, (cuuint64_t)(Mh * N * 2), plane_stride};

@@ -71,7 +71,10 @@ struct mok_grouped_gemm_fp8_wgrad_args {
     int sb_tiled;           /* b's scales per 128 x 128 block */
     const int32_t* offsets; /* [E + 1], device */
     int64_t R, E, M, N;
-    void* out;              /* [E, M, N] bf16 */
+    void* out;              /* [E, M, N] bf16; with out_second its rows [0, M / 2): [E, M / 2, N] */
+    void* out_second;       /* NULL, or rows [M / 2, M) of every expert, [E, M / 2, N] (torchtitan's w3
+                               gradient beside w1's in out); needs M / 2 % 64 == 0 and
+                               mok_sm90_planes_ok(out, out_second) */
     int32_t* error_flag;    /* host-mapped error word (MOK_DEVICE_ERR_*) or NULL */
     int num_sms;            /* persistent grid size hint (0: query the device) */
 };

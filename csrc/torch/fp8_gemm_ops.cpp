@@ -37,6 +37,13 @@
 // differ in shape whenever N > 1, and agree in meaning when N == 1). An expert with no rows gets zeros. CPU: the C core (mok_grouped_gemm_fp8_wgrad_blockwise, any offsets). CUDA: the
 // kWgrad variant of the same sm_90a kernel, which needs M and N multiples of 128, R of 16 and
 // 128-aligned offsets (a misaligned one: the device error word, as above).
+//
+// Its gate / up form (torchtitan's w1 and w3 as two tensors, recipe="blockwise" with fp8_wgrad):
+//
+//   grouped_mm_fp8_gate_up_wgrad(a [2I, R], ...) -> (d_gate [E, I, N], d_up [E, I, N]) bf16
+//
+// the halves of grouped_mm_fp8_wgrad's out along dim 1, bit for bit; CUDA writes each into its own
+// tensor (I a multiple of 64), the CPU splits the whole result with a copy.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -152,10 +159,20 @@ void check_wgrad_cuda_shapes(int64_t M, int64_t N, int64_t R, const char* op) {
                       "row pitch of a and b), got ", R, "; mok's CUDA plans have a multiple of 128 rows");
 }
 
+// out_second: the rows [M / 2, M) of every expert's result when the caller wants the halves as two
+// tensors (out then [E, M / 2, N], rows [0, M / 2)); where the kernel cannot write both in place
+// (mok_grouped_gemm_fp8_wgrad_supported says no for the pair) the whole result, then a copy of each half.
 void grouped_mm_fp8_wgrad_cuda(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
                                const at::Tensor& b_scales, bool b_tiled, const at::Tensor& offsets, at::Tensor& out,
-                               const char* op) {
+                               at::Tensor* out_second, const char* op) {
     const int64_t M = a.size(0), R = a.size(1), N = b.size(0);
+    if (R == 0) {
+        // No rows: every expert's gradient is zero. (The operands are empty, and an empty tensor may be a
+        // view with any address: the kernel's alignment rules do not apply to it.)
+        out.zero_();
+        if (out_second) out_second->zero_();
+        return;
+    }
     check_aligned(a, op, "a");
     check_aligned(a_scales, op, "a_scales");
     check_aligned(b, op, "b");
@@ -173,8 +190,16 @@ void grouped_mm_fp8_wgrad_cuda(const at::Tensor& a, const at::Tensor& a_scales, 
     g.M = M;
     g.N = N;
     g.out = out.data_ptr();
+    g.out_second = out_second ? out_second->data_ptr() : nullptr;
     g.error_flag = cuda::device_error_word();
     g.num_sms = at::cuda::getDeviceProperties(a.device().index())->multiProcessorCount;
+    if (out_second && !mok_grouped_gemm_fp8_wgrad_supported(&g)) {
+        auto whole = at::empty({out.size(0), M, N}, out.options());
+        grouped_mm_fp8_wgrad_cuda(a, a_scales, b, b_scales, b_tiled, offsets, whole, nullptr, op);
+        out.copy_(whole.narrow(1, 0, M / 2));
+        out_second->copy_(whole.narrow(1, M / 2, M / 2));
+        return;
+    }
     TORCH_CHECK_NOT_IMPLEMENTED(mok_grouped_gemm_fp8_wgrad_supported(&g), op,
                                 ": the CUDA kernel needs a Hopper (sm_90) GPU (and MOK_DISABLE_SM90 unset); "
                                 "there is no other CUDA path yet, use the CPU op");
@@ -255,9 +280,10 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_fp8_swiglu(const at::Tensor& a, co
     return {act, h};
 }
 
-at::Tensor grouped_mm_fp8_wgrad(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
-                                const at::Tensor& b_scales, const at::Tensor& offsets) {
-    const char* op = "mok.grouped_mm_fp8_wgrad";
+// grouped_mm_fp8_wgrad's argument checks: returns whether b's scales are per 128 x 128 block (else per
+// column); *E the number of experts.
+bool check_fp8_wgrad_args(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
+                          const at::Tensor& b_scales, const at::Tensor& offsets, int64_t* E, const char* op) {
     check_fp8_operand(a, 2, op, "a", "[M, R]");
     check_fp8_operand(b, 2, op, "b", "[N, R]");
     check_same_device(b, a, op, "b", "a");
@@ -279,20 +305,18 @@ at::Tensor grouped_mm_fp8_wgrad(const at::Tensor& a, const at::Tensor& a_scales,
     check_dim(offsets, 1, op, "offsets", "[E + 1]");
     TORCH_CHECK_VALUE(offsets.size(0) >= 1, op, ": offsets must hold E + 1 >= 1 values, got shape ",
                       shape_str(offsets));
-    const int64_t E = offsets.size(0) - 1;
+    *E = offsets.size(0) - 1;
 #ifdef MOK_WITH_CUDA
     if (a.is_cuda()) check_wgrad_cuda_shapes(M, N, R, op);
 #endif
+    return b_tiled;
+}
 
-    // The kernels write every expert's gradient (zeros for an expert without rows).
-    auto out = at::empty({E, M, N}, a.options().dtype(at::kBFloat16));
-    if (out.numel() == 0) return out;
-#ifdef MOK_WITH_CUDA
-    if (a.is_cuda()) {
-        grouped_mm_fp8_wgrad_cuda(a, a_scales, b, b_scales, b_tiled, offsets, out, op);
-        return out;
-    }
-#endif
+// The C core's weight gradient into out [E, M, N] (every expert written).
+void grouped_mm_fp8_wgrad_cpu(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
+                              const at::Tensor& b_scales, bool b_tiled, const at::Tensor& offsets, at::Tensor& out,
+                              const char* op) {
+    const int64_t M = a.size(0), R = a.size(1), N = b.size(0), E = out.size(0);
     const CpuOperands c = cpu_operands(a, a_scales, b, b_scales, offsets, out, E, op);
     TORCH_CHECK_VALUE(c.off[E] <= R, op, ": offsets[E] must be at most R = ", R,
                       " (a.shape[1], the rows the operands hold), got ", c.off[E]);
@@ -305,7 +329,52 @@ at::Tensor grouped_mm_fp8_wgrad(const at::Tensor& a, const at::Tensor& a_scales,
                                                              M, N, e0, e1, c.out),
                      op);
     });
+}
+
+at::Tensor grouped_mm_fp8_wgrad(const at::Tensor& a, const at::Tensor& a_scales, const at::Tensor& b,
+                                const at::Tensor& b_scales, const at::Tensor& offsets) {
+    const char* op = "mok.grouped_mm_fp8_wgrad";
+    int64_t E = 0;
+    const bool b_tiled = check_fp8_wgrad_args(a, a_scales, b, b_scales, offsets, &E, op);
+    // The kernels write every expert's gradient (zeros for an expert without rows).
+    auto out = at::empty({E, a.size(0), b.size(0)}, a.options().dtype(at::kBFloat16));
+    if (out.numel() == 0) return out;
+#ifdef MOK_WITH_CUDA
+    if (a.is_cuda()) {
+        grouped_mm_fp8_wgrad_cuda(a, a_scales, b, b_scales, b_tiled, offsets, out, nullptr, op);
+        return out;
+    }
+#endif
+    grouped_mm_fp8_wgrad_cpu(a, a_scales, b, b_scales, b_tiled, offsets, out, op);
     return out;
+}
+
+// GEMM1's FP8 weight gradient as gate and up halves (torchtitan's w1 and w3): (d_gate, d_up), each
+// [E, M / 2, N], the halves of grouped_mm_fp8_wgrad(a, ...) along dim 1 (the same bits); written in
+// place on sm_90a (M / 2 a multiple of 64), else the whole result split with a copy.
+std::tuple<at::Tensor, at::Tensor> grouped_mm_fp8_gate_up_wgrad(const at::Tensor& a, const at::Tensor& a_scales,
+                                                                const at::Tensor& b, const at::Tensor& b_scales,
+                                                                const at::Tensor& offsets) {
+    const char* op = "mok.grouped_mm_fp8_gate_up_wgrad";
+    int64_t E = 0;
+    const bool b_tiled = check_fp8_wgrad_args(a, a_scales, b, b_scales, offsets, &E, op);
+    const int64_t M = a.size(0), N = b.size(0);
+    TORCH_CHECK_VALUE(M % 2 == 0, op, ": a.shape[0] must be even ([gate | up] = 2 * I rows of d_h^T), got shape ",
+                      shape_str(a));
+    auto d_gate = at::empty({E, M / 2, N}, a.options().dtype(at::kBFloat16));
+    auto d_up = at::empty({E, M / 2, N}, d_gate.options());
+    if (d_gate.numel() == 0) return {d_gate, d_up};
+#ifdef MOK_WITH_CUDA
+    if (a.is_cuda()) {
+        grouped_mm_fp8_wgrad_cuda(a, a_scales, b, b_scales, b_tiled, offsets, d_gate, &d_up, op);
+        return {d_gate, d_up};
+    }
+#endif
+    auto whole = at::empty({E, M, N}, d_gate.options());
+    grouped_mm_fp8_wgrad_cpu(a, a_scales, b, b_scales, b_tiled, offsets, whole, op);
+    d_gate.copy_(whole.narrow(1, 0, M / 2));
+    d_up.copy_(whole.narrow(1, M / 2, M / 2));
+    return {d_gate, d_up};
 }
 
 }  // namespace
@@ -315,12 +384,15 @@ TORCH_LIBRARY_FRAGMENT(mok, m) {
     m.def("grouped_mm_fp8_swiglu(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, Tensor offsets) -> "
           "(Tensor act, Tensor h)");
     m.def("grouped_mm_fp8_wgrad(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, Tensor offsets) -> Tensor");
+    m.def("grouped_mm_fp8_gate_up_wgrad(Tensor a, Tensor a_scales, Tensor b, Tensor b_scales, Tensor offsets) -> "
+          "(Tensor d_gate, Tensor d_up)");
 }
 
 TORCH_LIBRARY_IMPL(mok, CPU, m) {
     m.impl("grouped_mm_fp8", &grouped_mm_fp8);
     m.impl("grouped_mm_fp8_swiglu", &grouped_mm_fp8_swiglu);
     m.impl("grouped_mm_fp8_wgrad", &grouped_mm_fp8_wgrad);
+    m.impl("grouped_mm_fp8_gate_up_wgrad", &grouped_mm_fp8_gate_up_wgrad);
 }
 
 #ifdef MOK_WITH_CUDA
@@ -328,6 +400,7 @@ TORCH_LIBRARY_IMPL(mok, CUDA, m) {
     m.impl("grouped_mm_fp8", &grouped_mm_fp8);
     m.impl("grouped_mm_fp8_swiglu", &grouped_mm_fp8_swiglu);
     m.impl("grouped_mm_fp8_wgrad", &grouped_mm_fp8_wgrad);
+    m.impl("grouped_mm_fp8_gate_up_wgrad", &grouped_mm_fp8_gate_up_wgrad);
 }
 #endif
 

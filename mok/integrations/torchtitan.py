@@ -31,9 +31,8 @@ class MokTitanGroupedExperts(nn.Module):
         self.w1, self.w2, self.w3 = original.w1, original.w2, original.w3
         self.num_experts = original.w1.shape[0]
         self.original_class = type(original).__name__
-        # the experts' numerics (mok.functional.moe_experts' options). NOTE: with recipe="blockwise" the
-        # w1 / w3 pair is concatenated per call, a new tensor each time, so its FP8 codes are made per
-        # call, not cached per weight version as on mok's own layers.
+        # the experts' numerics (mok.functional.moe_experts' options); under the FP8 / MXFP8 recipes the
+        # w1 / w3 pair's codes are cached per version of both, as a single weight's are
         self.recipe, self.fp8_dgrad, self.fp8_wgrad = recipe, fp8_dgrad, fp8_wgrad
 
     def forward(self, x, num_tokens_per_expert):
@@ -44,8 +43,8 @@ class MokTitanGroupedExperts(nn.Module):
         ids = torch.repeat_interleave(torch.arange(E, device=x.device, dtype=torch.int32),
                                       num_tokens_per_expert.to(torch.int64), output_size=N)
         ones = torch.ones(N, 1, device=x.device, dtype=torch.float32)
-        # w1 and w3 go in as a pair: the BF16 kernels read them (and write their gradients) where
-        # they are, with no [E, 2I, H] copy per call (functional.moe_experts says when one is made).
+        # w1 and w3 go in as a pair: the kernels read them (and write their gradients) where they are,
+        # with no [E, 2I, H] copy per call (functional.moe_experts says when one is made).
         return functional.moe_experts(x, ids[:, None], ones, (self.w1, self.w3), self.w2, recipe=self.recipe,
                                       fp8_dgrad=self.fp8_dgrad, fp8_wgrad=self.fp8_wgrad).to(x.dtype)
 

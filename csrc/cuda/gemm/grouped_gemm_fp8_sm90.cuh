@@ -92,6 +92,11 @@ struct params {
     /* wgrad: out [E, M, N]; the contraction runs over each expert's rows of the R-row space; sa, sb
      * are MN-major, [ceil(R / 128), M] and [ceil(R / 128), N] (kSbTiled: [ceil(R / 128), N / 128]) */
     int64_t M, num_m_tiles;
+    /* wgrad, split output (torchtitan's w1 / w3 gradients): rows [0, split_rows) and [split_rows, M)
+     * of every expert go to the planes 0 ^ split_flip and 1 ^ split_flip of a [2, E, M / 2, N] map
+     * (split_rows % 64 == 0); 0: one [E, M, N] map */
+    int64_t split_rows;
+    int32_t split_flip;
 };
 
 /* MOK_SM90_FP8_SKIP_SCALE_LOADS=1: a timing experiment only (WRONG results): the producer loads no
@@ -734,14 +739,18 @@ struct fp8_tile {
                 mainloop(int_c<(BN > SCALE_BLOCK ? BN - SCALE_BLOCK : BN)>{});
             else
                 mainloop(int_c<(BN < SCALE_BLOCK ? BN : SCALE_BLOCK)>{});
-            /* ---- epilogue: out[e, m, n] in [64 x 64] chunks through the [E, M, N] map ---- */
+            /* ---- epilogue: out[e, m, n] in [64 x 64] chunks through the [E, M, N] map, or (split) the
+             * chunk's 64 rows, which lie in one half, through plane half ^ split_flip of [2, E, M / 2, N] ---- */
             const int64_t m0 = tile.m0 + 64 * me.wg;
+            const int32_t half = p.split_rows && m0 >= p.split_rows ? 1 : 0;
+            const int32_t mm = (int32_t)(m0 - half * p.split_rows);
+            const int32_t plane = p.split_rows ? half ^ p.split_flip : -1;
 #pragma unroll
             for (int j = 0; j < BN / 64; ++j) {
                 const int32_t c = (int32_t)(tile.n_tile * BN + 64 * j);
                 if (c >= p.N) break;
                 const uint32_t buf = mok_sm90::epi_stage_acc(epi, acc, j);
-                mok_sm90::epi_store<true>(epi, buf, tma_out, c, (int32_t)m0, (int32_t)tile.group);
+                mok_sm90::epi_store<true>(epi, buf, tma_out, c, mm, (int32_t)tile.group, plane);
             }
         }
         mok_sm90::epi_finish(epi);

@@ -23,6 +23,16 @@ static inline int mok_sm90_planes_ok(const void* x, const void* y) {
     const uintptr_t a = (uintptr_t)x, b = (uintptr_t)y, d = a < b ? b - a : a - b;
     return (a | b) % 16 == 0 && d != 0 && d < ((uintptr_t)1 << 40);
 }
+/* The map base and plane stride of a tensor split over two allocations (first: half 0, second: half 1):
+ * the lower address is the base, so the stride is positive (TMA strides are unsigned); *flip = 1 when
+ * that is the second. */
+static inline const void* mok_sm90_split_base(const void* first, const void* second, uint64_t* plane_stride,
+                                              int32_t* flip) {
+    const uintptr_t f = (uintptr_t)first, s = (uintptr_t)second;
+    *flip = s < f ? 1 : 0;
+    *plane_stride = (uint64_t)(s < f ? f - s : s - f);
+    return s < f ? second : first;
+}
 int mok_grouped_gemm_sm90(const struct mok_grouped_gemm_args* args, cudaStream_t stream);
 
 /* Weight gradient out[e] = a_e^T b_e over the rows of expert e, with a [R, M] and b [R, N] read as
