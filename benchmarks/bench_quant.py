@@ -139,6 +139,15 @@ def main(argv=None):
             t = common.bench(fn, dev, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2)
             tbps = nbytes / t["median_ms"] / 1e9
             rows.append(dict(shape=name, impl=impl, M=M, N=N, ms=t["median_ms"], tbps=tbps, vs_copy=tbps / copy_tbps))
+        # the FP8 dgrad's W^T codes (mok._fp8_experts.transpose_expert_codes, v65): mok's byte transpose
+        # against torch's strided copy, bytes read + written
+        q = mok.fp8.quantize(x, "blockwise_128x128")[0].view(1, M, N)
+        for impl, fn in (("transpose codes mok", lambda _i: torch.ops.mok.transpose_fp8_codes(q)),
+                         ("transpose codes torch", lambda _i: q.transpose(1, 2).contiguous())):
+            t = common.bench(fn, dev, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2)
+            tbps = 2 * M * N / t["median_ms"] / 1e9
+            rows.append(dict(shape=name, impl=impl, M=M, N=N, ms=t["median_ms"], tbps=tbps, vs_copy=tbps / copy_tbps))
+        q = None
         x = None  # frees the shape's input before the next (a del would hide x from the lambdas above for pyflakes)
         common.free_memory(dev)
     print("\n" + common.format_table(rows, COLUMNS))
@@ -147,6 +156,7 @@ def main(argv=None):
                           "rowcol: input + both code copies + both scale tensors; unfused: the same bytes, "
                           "two quantisations and a transpose.",
                           "qdq mxfp8: bf16 input + bf16 output(s) (rows: 4 bytes per element, rows+cols: 6).",
+                          "transpose codes: 1-byte codes [M, N] -> [N, M], 2 bytes per element (read + write).",
                           "rowcol gather: rows of x [T, N] through a top-k plan (M = its rows); bytes as rowcol of "
                           "the gathered [M, N]; band: MOK_QUANT_GATHER_BAND (0: tiles row-major)."])
 

@@ -247,6 +247,11 @@ def _grouped_mm_fp8_wgrad_fake(a, a_scales, b, b_scales, offsets):
     return a.new_empty((offsets.shape[0] - 1, a.shape[0], b.shape[0]), dtype=torch.bfloat16)
 
 
+@torch.library.register_fake("mok::transpose_fp8_codes")
+def _transpose_fp8_codes_fake(q):
+    return q.new_empty((q.shape[0], q.shape[2], q.shape[1]))
+
+
 @torch.library.register_fake("mok::grouped_mm_fp8_gate_up_wgrad")
 def _grouped_mm_fp8_gate_up_wgrad_fake(a, a_scales, b, b_scales, offsets):
     shape = (offsets.shape[0] - 1, a.shape[0] // 2, b.shape[0])
@@ -392,6 +397,7 @@ ALL_OPS = (
     "grouped_mm_swiglu_mxfp8_a",
     "quantize_fp8",
     "dequantize_fp8",
+    "transpose_fp8_codes",
     "quantize_fp8_rowcol",
     "quantize_fp8_rowcol_gather",
     "swiglu_quantize_fp8",

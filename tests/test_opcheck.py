@@ -51,6 +51,8 @@ def op_cases(device):
                                (rows.bfloat16(), None, 1, down.bfloat16(), plan.offsets, False),
                                (x.bfloat16(), plan.src_of_row, case.K, gate_up.bfloat16(), plan.offsets, True)],
         "grouped_mm_swiglu_mxfp8_a": [(x.bfloat16(), plan.src_of_row, case.K, gate_up.bfloat16(), plan.offsets)],
+        "transpose_fp8_codes": [(mok.fp8.quantize(torch.randn(48, 128, device=device), "blockwise_1x128")[0].view(2, 48, 64),),
+                                (torch.randint(0, 255, (3, 40, 24), dtype=torch.uint8, device=device),)],
         "quantize_fp8": [(torch.randn(5, 200, device=device), r)
                          for r in ("blockwise_1x128", "blockwise_128x128", "mxfp8")],
         "dequantize_fp8": [(*ops.quantize_fp8(torch.randn(5, 200, device=device), r), r)
@@ -130,7 +132,7 @@ def test_every_op_has_a_case():
 def test_opcheck(device, name):
     # NOTE: opcheck's schema test does arithmetic on the inputs, which float8 tensors do not support.
     utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    fp8_out = ("dequantize_fp8", "swiglu_quantize_fp8", "swiglu_scaled_quantize_fp8", "grouped_mm_fp8",
+    fp8_out = ("transpose_fp8_codes", "dequantize_fp8", "swiglu_quantize_fp8", "swiglu_scaled_quantize_fp8", "grouped_mm_fp8",
                "grouped_mm_fp8_swiglu", "grouped_mm_fp8_wgrad", "grouped_mm_fp8_gate_up_wgrad")
     kw = {"test_utils": utils} if name in fp8_out else {}
     for args in op_cases(device)[name]:

@@ -258,6 +258,11 @@ struct mok_dequantize_fp8_args {
 };
 int mok_dequantize_fp8_cuda(const struct mok_dequantize_fp8_args* args, cudaStream_t stream);
 
+/* Batched transpose of 1-byte elements (FP8 codes): out[b, c, r] = in[b, r, c], in [B, R, C] and out
+ * [B, C, R] contiguous, 16-byte aligned, R and C multiples of 16 (transpose_bytes.cu). MOK_OK,
+ * MOK_ERR_ARG, or the launch's CUDA error. */
+int mok_transpose_bytes_cuda(const void* in, void* out, int64_t B, int64_t R, int64_t C, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -16,6 +16,10 @@
 // and/or column-wise with expert segments (mok_qdq_mxfp8_rows / _cols in csrc/core/mok_core.h;
 // CUDA: csrc/cuda/qdq_mxfp8.cu, which needs 32-aligned offsets and reports others through the
 // device error word, as the FP8 GEMM does); qdq_mxfp8_gather, the same of the plan's gathered rows of x.
+//
+// transpose_fp8_codes(q [B, R, C]) -> [B, C, R]: each matrix of 1-byte codes transposed (the FP8 dgrad's
+// W^T codes per expert). CUDA: csrc/cuda/transpose_bytes.cu (R and C multiples of 16, at the copy's speed);
+// otherwise, and on the CPU, torch's strided copy.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -359,9 +363,33 @@ std::tuple<at::Tensor, at::Tensor> qdq_mxfp8_gather(const at::Tensor& x, const a
     return qdq_mxfp8(gather.call(x, src_of_row, w, top_k, c10::nullopt), offsets, rows, cols);
 }
 
+at::Tensor transpose_fp8_codes(const at::Tensor& q) {
+    const char* op = "mok.transpose_fp8_codes";
+    TORCH_CHECK_VALUE(q.dim() == 3, op, ": q must be 3-D [B, R, C], got shape ", shape_str(q));
+    TORCH_CHECK_VALUE(q.element_size() == 1 && !q.is_complex(), op,
+                      ": q must hold 1-byte codes (float8_e4m3fn, float8_e5m2, uint8 or int8), got ", q.scalar_type());
+    const int64_t B = q.size(0), R = q.size(1), C = q.size(2);
+#ifdef MOK_WITH_CUDA
+    if (q.is_cuda() && R % 16 == 0 && C % 16 == 0) {
+        const at::Tensor in = q.contiguous();
+        auto out = at::empty({B, C, R}, q.options());
+        if (out.numel() == 0) return out;
+        if ((reinterpret_cast<uintptr_t>(in.data_ptr()) | reinterpret_cast<uintptr_t>(out.data_ptr())) % 16 == 0) {
+            c10::cuda::CUDAGuard guard(q.device());
+            check_status(mok_transpose_bytes_cuda(in.data_ptr(), out.data_ptr(), B, R, C,
+                                                  at::cuda::getCurrentCUDAStream(q.device().index()).stream()),
+                         op);
+            return out;
+        }
+    }
+#endif
+    return q.transpose(1, 2).contiguous();
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(mok, m) {
+    m.def("transpose_fp8_codes(Tensor q) -> Tensor");
     m.def("quantize_fp8(Tensor x, str recipe) -> (Tensor q, Tensor scales)");
     m.def("dequantize_fp8(Tensor q, Tensor scales, str recipe) -> Tensor");
     m.def("quantize_fp8_rowcol(Tensor x, str recipe, bool scales_t_mn_major=False, str? col_recipe=None) -> "
@@ -374,6 +402,7 @@ TORCH_LIBRARY_FRAGMENT(mok, m) {
 }
 
 TORCH_LIBRARY_IMPL(mok, CPU, m) {
+    m.impl("transpose_fp8_codes", &transpose_fp8_codes);
     m.impl("quantize_fp8", &quantize_fp8);
     m.impl("dequantize_fp8", &dequantize_fp8);
     m.impl("quantize_fp8_rowcol", &quantize_fp8_rowcol);
@@ -384,6 +413,7 @@ TORCH_LIBRARY_IMPL(mok, CPU, m) {
 
 #ifdef MOK_WITH_CUDA
 TORCH_LIBRARY_IMPL(mok, CUDA, m) {
+    m.impl("transpose_fp8_codes", &transpose_fp8_codes);
     m.impl("quantize_fp8", &quantize_fp8);
     m.impl("dequantize_fp8", &dequantize_fp8);
     m.impl("quantize_fp8_rowcol", &quantize_fp8_rowcol);
