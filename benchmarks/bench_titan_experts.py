@@ -12,6 +12,7 @@ without it the codes are reused, as in the micro-batches of gradient accumulatio
 
     python benchmarks/bench_titan_experts.py                   # Qwen3-30B-A3B, Mixtral, DeepSeek-V3 slice
     python benchmarks/bench_titan_experts.py --recipe blockwise --fp8-backward all_tiled [--requantise]
+        [--transpose-kernel]
     python benchmarks/bench_titan_experts.py --quick           # CPU smoke test
 
 Routing is balanced (bench_moe_layer.py's); the L2 is flushed between timed calls."""
@@ -51,7 +52,7 @@ def recipe_options(args):
 
 def recipe_label(args):
     return args.recipe + (f"/{args.fp8_backward}" if args.recipe == "blockwise" else "") + \
-        ("/requantise" if args.requantise else "")
+        ("/requantise" if args.requantise else "") + ("/transpose-kernel" if args.transpose_kernel else "")
 
 
 def run_shape(name, T, H, I, E, K, args, dev):
@@ -126,8 +127,11 @@ def main(argv=None):
                    help="with --recipe blockwise: which backward GEMMs run in FP8 (all_tiled: fp8_wgrad='tiled')")
     p.add_argument("--requantise", action="store_true",
                    help="drop the weights' cached codes before every timed call (one quantisation per step)")
+    p.add_argument("--transpose-kernel", action="store_true",
+                   help="the FP8 dgrad's W^T codes by mok's byte transpose (mok._fp8_experts.TRANSPOSE_KERNEL, v65)")
     common.add_common_args(p, "bench_titan_experts", iters=20, warmup=3)
     args = p.parse_args(argv)
+    mok._fp8_experts.TRANSPOSE_KERNEL = args.transpose_kernel
     dev, env = common.start_run(args)
     rows, bad = [], []
     block = RECIPE_BLOCK[args.recipe]

@@ -175,11 +175,19 @@ def quantize_expert_weight(w):
     return quantize_weight_blockwise(w.detach())
 
 
+# The FP8 dgrad's W^T codes (transpose_expert_codes, made once per weight version): False (default), torch's
+# strided copy; True, mok's byte-transpose kernel (torch.ops.mok.transpose_fp8_codes, csrc/cuda/transpose_bytes.cu),
+# the same bytes. Opt-in because the kernel is written and tested on the CPU's fallback only: no GPU was lent
+# to run it in the session that wrote it (performance log v65, which also says why it matters: remaking the
+# codes costs ~10 ms per optimizer step on Mixtral with every GEMM in FP8, mostly this copy).
+TRANSPOSE_KERNEL = False
+
+
 def transpose_expert_codes(q, s):
-    """The blockwise codes of W^T [E, K, N] from those of W [E, N, K]: blocks and scales transpose (the
-    codes by mok's byte-transpose kernel on CUDA: torch's strided copy of 1-byte elements ran at a
-    fraction of the bandwidth, performance log v65)."""
-    return ops.transpose_fp8_codes(q), s.transpose(1, 2).contiguous()
+    """The blockwise codes of W^T [E, K, N] from those of W [E, N, K]: blocks and scales transpose (the codes
+    by torch's strided copy, or with TRANSPOSE_KERNEL by mok's byte transpose)."""
+    q_t = ops.transpose_fp8_codes(q) if TRANSPOSE_KERNEL else q.transpose(1, 2).contiguous()
+    return q_t, s.transpose(1, 2).contiguous()
 
 
 _CACHE_ATTR = "_mok_fp8_blockwise"

@@ -34,8 +34,11 @@ def test_transpose_of_a_non_contiguous_input(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_transposed_weight_codes_are_the_codes_of_the_transposed_weight(device):
-    # what the FP8 dgrad reads: the 128 x 128 blocks of W^T are the transposed blocks of W, same scales
+@pytest.mark.parametrize("kernel", [False, True], ids=["torch", "mok"])
+def test_transposed_weight_codes_are_the_codes_of_the_transposed_weight(monkeypatch, device, kernel):
+    # what the FP8 dgrad reads: the 128 x 128 blocks of W^T are the transposed blocks of W, same scales,
+    # whichever makes the transposed codes (mok._fp8_experts.TRANSPOSE_KERNEL)
+    monkeypatch.setattr(mok._fp8_experts, "TRANSPOSE_KERNEL", kernel)
     w = torch.randn(3, 256, 384, device=device, dtype=torch.bfloat16)
     qt, st = mok._fp8_experts.transpose_expert_codes(*mok.fp8_gemm.quantize_weight_blockwise(w))
     want_q, want_s = mok.fp8_gemm.quantize_weight_blockwise(w.transpose(1, 2).contiguous())
