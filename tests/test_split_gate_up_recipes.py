@@ -11,18 +11,12 @@ import torch
 import mok
 from conftest import DEVICES
 from mok._ops import ops
-from shapes import MoECase, make_moe_inputs, make_routing
+from shapes import make_moe_inputs, make_routing
+# CASES: H and I multiples of 128 (the blockwise recipe's scale blocks); no tokens, one token with K = 1, an
+# empty expert, one expert taking all, zipf
+from test_fp8_experts import CASES
 from test_fp8_gemm import make_wgrad_operands
 from test_split_gate_up import halves
-
-# H and I multiples of 128 (the blockwise recipe's scale blocks)
-CASES = [
-    MoECase(0, 128, 128, 4, 2),  # no tokens
-    MoECase(1, 128, 128, 4, 1),  # one token, K = 1
-    MoECase(37, 256, 128, 6, 2, "empty_expert"),
-    MoECase(53, 128, 256, 5, 1, "one_expert"),
-    MoECase(150, 128, 128, 8, 3, "zipf"),
-]
 
 # (recipe, options, mok._fp8_experts / mok._mxfp8_experts settings): every node form the recipes take
 CONFIGS = [
