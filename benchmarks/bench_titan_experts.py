@@ -77,7 +77,9 @@ def run_shape(name, T, H, I, E, K, args, dev):
 
     def timed(fn):
         if args.requantise:  # codes remade in every call, as after an optimizer step
-            fn = functools.partial(lambda i, f: (mok._fp8_experts.drop_cached_codes(*weights), f(i))[1], f=fn)
+            def fn(i, call=fn):
+                mok._fp8_experts.drop_cached_codes(*weights)
+                return call(i)
         return common.bench(fn, dev, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2)["median_ms"]
 
     outs, times = {}, {impl: ([], []) for impl in IMPLS}

@@ -14,6 +14,17 @@
 
 namespace mok {
 
+// A split output (out_second) made where a kernel writes only one: compute(whole) fills [E, 2 Mh, N], then its
+// rows [0, Mh) are copied into first and [Mh, 2 Mh) into second (both [E, Mh, N]).
+template <typename Compute>
+void into_halves(at::Tensor& first, at::Tensor& second, Compute&& compute) {
+    const int64_t Mh = first.size(1);
+    auto whole = at::empty({first.size(0), 2 * Mh, first.size(2)}, first.options());
+    compute(whole);
+    first.copy_(whole.narrow(1, 0, Mh));
+    second.copy_(whole.narrow(1, Mh, Mh));
+}
+
 #define MOK_BACKEND_DECLS                                                                                             \
     void route_topk(const at::Tensor& logits, const c10::optional<at::Tensor>& bias, int64_t score_func,             \
                     int64_t n_group, int64_t topk_group, bool renormalize, double scaling, at::Tensor& topk_idx,      \

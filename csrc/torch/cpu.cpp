@@ -166,11 +166,8 @@ void grouped_mm_mxfp8_a(const at::Tensor& a, const c10::optional<at::Tensor>& a_
 void grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optional<at::Tensor>& b_gather,
                       int64_t b_gather_div, const at::Tensor& offsets, at::Tensor& out, at::Tensor* out_second) {
     if (out_second) { /* the C core writes one output: split it after */
-        const int64_t Mh = out.size(1);
-        auto whole = at::empty({out.size(0), 2 * Mh, out.size(2)}, out.options());
-        grouped_mm_wgrad(a, b, b_gather, b_gather_div, offsets, whole);
-        out.copy_(whole.narrow(1, 0, Mh));
-        out_second->copy_(whole.narrow(1, Mh, Mh));
+        into_halves(out, *out_second,
+                    [&](at::Tensor& whole) { grouped_mm_wgrad(a, b, b_gather, b_gather_div, offsets, whole); });
         return;
     }
     const mok_dtype dt = to_mok_dtype(a, "mok.grouped_mm_wgrad", "a");

@@ -301,10 +301,8 @@ void grouped_mm_wgrad(const at::Tensor& a, const at::Tensor& b, const c10::optio
     if (out_second && !sm90) {
         // Split output where the kernel cannot write the halves in place: the whole result, then
         // its halves copied out.
-        auto whole = at::empty({E, M, N}, out.options());
-        grouped_mm_wgrad(a, b, b_gather, b_gather_div, offsets, whole);
-        out.copy_(whole.narrow(1, 0, M / 2));
-        out_second->copy_(whole.narrow(1, M / 2, M / 2));
+        into_halves(out, *out_second,
+                    [&](at::Tensor& whole) { grouped_mm_wgrad(a, b, b_gather, b_gather_div, offsets, whole); });
         return;
     }
     if (sm90) {

@@ -194,10 +194,9 @@ void grouped_mm_fp8_wgrad_cuda(const at::Tensor& a, const at::Tensor& a_scales, 
     g.error_flag = cuda::device_error_word();
     g.num_sms = at::cuda::getDeviceProperties(a.device().index())->multiProcessorCount;
     if (out_second && !mok_grouped_gemm_fp8_wgrad_supported(&g)) {
-        auto whole = at::empty({out.size(0), M, N}, out.options());
-        grouped_mm_fp8_wgrad_cuda(a, a_scales, b, b_scales, b_tiled, offsets, whole, nullptr, op);
-        out.copy_(whole.narrow(1, 0, M / 2));
-        out_second->copy_(whole.narrow(1, M / 2, M / 2));
+        into_halves(out, *out_second, [&](at::Tensor& whole) {
+            grouped_mm_fp8_wgrad_cuda(a, a_scales, b, b_scales, b_tiled, offsets, whole, nullptr, op);
+        });
         return;
     }
     TORCH_CHECK_NOT_IMPLEMENTED(mok_grouped_gemm_fp8_wgrad_supported(&g), op,
@@ -370,10 +369,9 @@ std::tuple<at::Tensor, at::Tensor> grouped_mm_fp8_gate_up_wgrad(const at::Tensor
         return {d_gate, d_up};
     }
 #endif
-    auto whole = at::empty({E, M, N}, d_gate.options());
-    grouped_mm_fp8_wgrad_cpu(a, a_scales, b, b_scales, b_tiled, offsets, whole, op);
-    d_gate.copy_(whole.narrow(1, 0, M / 2));
-    d_up.copy_(whole.narrow(1, M / 2, M / 2));
+    into_halves(d_gate, d_up, [&](at::Tensor& whole) {
+        grouped_mm_fp8_wgrad_cpu(a, a_scales, b, b_scales, b_tiled, offsets, whole, op);
+    });
     return {d_gate, d_up};
 }
 
