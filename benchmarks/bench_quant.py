@@ -147,7 +147,20 @@ def main(argv=None):
             t = common.bench(fn, dev, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2)
             tbps = 2 * M * N / t["median_ms"] / 1e9
             rows.append(dict(shape=name, impl=impl, M=M, N=N, ms=t["median_ms"], tbps=tbps, vs_copy=tbps / copy_tbps))
-        q = None
+        # a weight's codes for the forward and the FP8 dgrad (x as one expert [1, M, N]; v66): one kernel
+        # against the quantisation then the byte transpose, bytes as rowcol (input + both copies + scales)
+        if M % 128 == 0:
+            w = x.view(1, M, N)
+            fused = lambda _i: torch.ops.mok.quantize_fp8_weight_rowcol(w)  # noqa: E731
+            nbytes = 2 * M * N + sum(t.numel() * t.element_size() for t in fused(0))
+            for impl, fn in (("weight codes fused", fused),
+                             ("weight codes quant+transpose", lambda _i: torch.ops.mok.transpose_fp8_codes(
+                                 mok.fp8_gemm.quantize_weight_blockwise(w)[0]))):
+                t = common.bench(fn, dev, iters=args.iters, warmup=args.warmup, flush_l2=args.flush_l2)
+                tbps = nbytes / t["median_ms"] / 1e9
+                rows.append(dict(shape=name, impl=impl, M=M, N=N, ms=t["median_ms"], tbps=tbps,
+                                 vs_copy=tbps / copy_tbps))
+        q = w = None
         x = None  # frees the shape's input before the next (a del would hide x from the lambdas above for pyflakes)
         common.free_memory(dev)
     print("\n" + common.format_table(rows, COLUMNS))
@@ -157,6 +170,8 @@ def main(argv=None):
                           "two quantisations and a transpose.",
                           "qdq mxfp8: bf16 input + bf16 output(s) (rows: 4 bytes per element, rows+cols: 6).",
                           "transpose codes: 1-byte codes [M, N] -> [N, M], 2 bytes per element (read + write).",
+                          "weight codes: 128 x 128 codes of x and of x^T (the FP8 forward's and dgrad's), bytes as "
+                          "rowcol; quant+transpose: the same outputs by two passes.",
                           "rowcol gather: rows of x [T, N] through a top-k plan (M = its rows); bytes as rowcol of "
                           "the gathered [M, N]; band: MOK_QUANT_GATHER_BAND (0: tiles row-major)."])
 

@@ -12,7 +12,7 @@ without it the codes are reused, as in the micro-batches of gradient accumulatio
 
     python benchmarks/bench_titan_experts.py                   # Qwen3-30B-A3B, Mixtral, DeepSeek-V3 slice
     python benchmarks/bench_titan_experts.py --recipe blockwise --fp8-backward all_tiled [--requantise]
-        [--transpose-kernel]
+        [--weight-codes {torch,transpose,fused}]
     python benchmarks/bench_titan_experts.py --quick           # CPU smoke test
 
 Routing is balanced (bench_moe_layer.py's); the L2 is flushed between timed calls."""
@@ -40,6 +40,9 @@ FP8_BACKWARD = {"none": {}, "dgrad": dict(fp8_dgrad=True), "wgrad": dict(fp8_wgr
                 "all": dict(fp8_dgrad=True, fp8_wgrad=True), "all_tiled": dict(fp8_dgrad=True, fp8_wgrad="tiled")}
 # the recipes' shape rules (whole scale blocks along H and I)
 RECIPE_BLOCK = {"bf16": 1, "blockwise": 128, "mxfp8": 32}
+# --weight-codes: how the weights' W^T codes for the FP8 dgrad are made (mok._fp8_experts' TRANSPOSE_KERNEL and
+# FUSED_WEIGHT_CODES)
+WEIGHT_CODES = ("torch", "transpose", "fused")
 
 
 def recipe_options(args):
@@ -52,7 +55,7 @@ def recipe_options(args):
 
 def recipe_label(args):
     return args.recipe + (f"/{args.fp8_backward}" if args.recipe == "blockwise" else "") + \
-        ("/requantise" if args.requantise else "") + ("/transpose-kernel" if args.transpose_kernel else "")
+        ("/requantise" if args.requantise else "") + (f"/codes-{args.weight_codes}" if args.weight_codes else "")
 
 
 def run_shape(name, T, H, I, E, K, args, dev):
@@ -129,11 +132,14 @@ def main(argv=None):
                    help="with --recipe blockwise: which backward GEMMs run in FP8 (all_tiled: fp8_wgrad='tiled')")
     p.add_argument("--requantise", action="store_true",
                    help="drop the weights' cached codes before every timed call (one quantisation per step)")
-    p.add_argument("--transpose-kernel", action="store_true",
-                   help="the FP8 dgrad's W^T codes by mok's byte transpose (mok._fp8_experts.TRANSPOSE_KERNEL, v65)")
+    p.add_argument("--weight-codes", choices=WEIGHT_CODES, default=None,
+                   help="how the FP8 dgrad's W^T codes are made (default: the library's): torch (quantise, torch's "
+                        "transpose), transpose (mok's byte transpose, v65), fused (one kernel makes both, v66)")
     common.add_common_args(p, "bench_titan_experts", iters=20, warmup=3)
     args = p.parse_args(argv)
-    mok._fp8_experts.TRANSPOSE_KERNEL = args.transpose_kernel
+    if args.weight_codes is not None:
+        mok._fp8_experts.TRANSPOSE_KERNEL = args.weight_codes == "transpose"
+        mok._fp8_experts.FUSED_WEIGHT_CODES = args.weight_codes == "fused"
     dev, env = common.start_run(args)
     rows, bad = [], []
     block = RECIPE_BLOCK[args.recipe]

@@ -244,11 +244,36 @@ def cached_expert_weight(w, up=None):
     return _cached(w, _CACHE_ATTR_PAIR, lambda g: quantize_expert_weight_pair(g, up), up)
 
 
-def cached_expert_weight_t(w, codes, up=None):
-    """The codes of w^T per expert (for the FP8 dgrad) from codes = cached_expert_weight(w, up), reused like
-    them."""
-    return _cached(w, _CACHE_ATTR_T if up is None else _CACHE_ATTR_PAIR_T, lambda t: transpose_expert_codes(*codes),
-                   up)
+# A weight's codes and its W^T codes for the FP8 dgrad, when both are needed and neither is cached: True, one
+# kernel reads the bf16 weight once and writes both (torch.ops.mok.quantize_fp8_weight_rowcol; for the (w1, w3)
+# pair straight from the two halves, no concatenation); False, the quantisation, the pair's concatenation and
+# transpose_expert_codes. The same bits. Performance log v66.
+FUSED_WEIGHT_CODES = False
+
+
+def quantize_expert_weight_rowcol(w, up=None):
+    """((codes, scales), (codes_t, scales_t)): quantize_expert_weight(w) and transpose_expert_codes of it, or
+    with up those of the pair's concatenation, from one read of the weight."""
+    q, s, qt, st = ops.quantize_fp8_weight_rowcol(w.detach(), None if up is None else up.detach())
+    return (q, s), (qt, st)
+
+
+def cached_expert_weight_and_t(w, up=None):
+    """(cached_expert_weight(w, up), the codes of w^T per expert for the FP8 dgrad), each reused while the weight
+    (both halves) keeps its storage and version; made together where neither is cached (FUSED_WEIGHT_CODES), or
+    the W^T codes from the codes (transpose_expert_codes)."""
+    made = []
+
+    def codes(_):
+        if not FUSED_WEIGHT_CODES:
+            return quantize_expert_weight(w) if up is None else quantize_expert_weight_pair(w, up)
+        made.append(quantize_expert_weight_rowcol(w, up))
+        return made[0][0]
+
+    got = _cached(w, _CACHE_ATTR if up is None else _CACHE_ATTR_PAIR, codes, up)
+    got_t = _cached(w, _CACHE_ATTR_T if up is None else _CACHE_ATTR_PAIR_T,
+                    lambda _: made[0][1] if made else transpose_expert_codes(*got), up)
+    return got, got_t
 
 
 def drop_cached_codes(*weights):
@@ -660,13 +685,14 @@ def experts_blockwise(x, plan, top_k, topk_w, gate_up_proj, down_proj, fp8_dgrad
     half [E, I, H] of a (gate, up) pair, gate_up_proj then the gate half."""
     acc = torch.float32
     x = x.contiguous()
-    w1_q, w1_s = cached_expert_weight(gate_up_proj, up_proj)
-    w2_q, w2_s = cached_expert_weight(down_proj)
     w1t_q = w1t_s = w2t_q = w2t_s = None
     grad = torch.is_grad_enabled()
     if fp8_dgrad and grad:
-        w1t_q, w1t_s = cached_expert_weight_t(gate_up_proj, (w1_q, w1_s), up_proj)
-        w2t_q, w2t_s = cached_expert_weight_t(down_proj, (w2_q, w2_s))
+        (w1_q, w1_s), (w1t_q, w1t_s) = cached_expert_weight_and_t(gate_up_proj, up_proj)
+        (w2_q, w2_s), (w2t_q, w2t_s) = cached_expert_weight_and_t(down_proj)
+    else:
+        w1_q, w1_s = cached_expert_weight(gate_up_proj, up_proj)
+        w2_q, w2_s = cached_expert_weight(down_proj)
     # column-wise copies of x_rows and act only where a weight gradient will be taken
     w1_grad = gate_up_proj.requires_grad or (up_proj is not None and up_proj.requires_grad)
     wgrad1 = bool(fp8_wgrad and grad and w1_grad)

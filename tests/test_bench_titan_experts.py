@@ -11,10 +11,12 @@ def test_titan_experts_benchmark_quick_run(tmp_path):
 
 
 def test_titan_experts_benchmark_fp8_recipe_quick_run(tmp_path):
-    # the blockwise recipe with every GEMM in FP8, codes remade before every timed call: only the shape
-    # with whole 128-wide scale blocks runs, and the pair still gives the concatenation's bits
+    # the blockwise recipe with every GEMM in FP8, codes remade (by the fused weight-codes op) before every
+    # timed call: only the shape with whole 128-wide scale blocks runs, and the pair still gives the
+    # concatenation's bits
     rows = quick_benchmark_rows("bench_titan_experts.py", tmp_path / "titan_fp8.json", "--device", "cpu",
-                                "--recipe", "blockwise", "--fp8-backward", "all", "--requantise")
+                                "--recipe", "blockwise", "--fp8-backward", "all", "--requantise",
+                                "--weight-codes", "fused")
     assert {r["shape"] for r in rows} == {"tiny_h128"}
-    assert {r["recipe"] for r in rows} == {"blockwise/all/requantise"}
+    assert {r["recipe"] for r in rows} == {"blockwise/all/requantise/codes-fused"}
     assert all(r["same"] == "yes" for r in rows if r["impl"] == "pair")

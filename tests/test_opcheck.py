@@ -53,6 +53,10 @@ def op_cases(device):
         "grouped_mm_swiglu_mxfp8_a": [(x.bfloat16(), plan.src_of_row, case.K, gate_up.bfloat16(), plan.offsets)],
         "transpose_fp8_codes": [(mok.fp8.quantize(torch.randn(48, 128, device=device), "blockwise_1x128")[0].view(2, 48, 64),),
                                 (torch.randint(0, 255, (3, 40, 24), dtype=torch.uint8, device=device),)],
+        "quantize_fp8_weight_rowcol": [(torch.randn(2, 256, 200, device=device, dtype=dt),)
+                                       for dt in (torch.bfloat16, torch.float32)]
+                                      + [(torch.randn(2, 128, 256, device=device, dtype=torch.bfloat16),
+                                          torch.randn(2, 128, 256, device=device, dtype=torch.bfloat16))],
         "quantize_fp8": [(torch.randn(5, 200, device=device), r)
                          for r in ("blockwise_1x128", "blockwise_128x128", "mxfp8")],
         "dequantize_fp8": [(*ops.quantize_fp8(torch.randn(5, 200, device=device), r), r)

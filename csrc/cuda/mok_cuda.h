@@ -201,6 +201,9 @@ int mok_quantize_fp8_cuda(const struct mok_quantize_fp8_args* args, cudaStream_t
 
 /* Row-wise and column-wise copies from one read of x (bf16 only; recipes 1x128 and mxfp8):
  * (q, scales) as mok_quantize_fp8_cuda(x), (qt, scales_t) as mok_quantize_fp8_cuda(x^T contiguous).
+ * Recipe 128x128 (expert weights [E, N, K] as x [E * N, K], with col_tile and batch_rows = N, a multiple
+ * of 128; no src_of_row, no scales_t_mn_major): (q, scales) as mok_quantize_fp8_cuda(x), and per expert e
+ * qt[e] [K, N] = q[e]^T with scales_t[e] [ceil(K / 128), N / 128] = scales[e]^T.
  * With src_of_row set, the copies of the gathered rows instead: of x_rows [M, N] = gather_rows(x,
  * src_of_row, w, K) (row m is x[src_of_row[m] / K], times w[src_of_row[m]] rounded to bf16 when w is
  * set, zeros where src_of_row[m] is outside [0, T * K), as mok_gather_rows_cuda), without writing x_rows. */
@@ -219,6 +222,10 @@ struct mok_quantize_fp8_rowcol_args {
     const int32_t* src_of_row; /* [M] or NULL */
     const float* w;            /* [T * K] or NULL (with src_of_row only) */
     int64_t T, K;              /* with src_of_row: rows of x and the plan's top_k (K >= 1) */
+    int64_t batch_rows;        /* recipe 128x128: rows per expert (qt [M / batch_rows, N, batch_rows]) */
+    const void* x_up;          /* recipe 128x128 or NULL: x [E, batch_rows / 2, N] and x_up the same are the two
+                                * halves of each expert's rows (a multiple of 128 each): the copies of their
+                                * concatenation along the rows, which is never made */
 };
 int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol_args* args, cudaStream_t stream);
 

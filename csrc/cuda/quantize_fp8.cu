@@ -271,7 +271,12 @@ static int launch_rowcol_stream(const mok_qtile::tile_args& t, cudaStream_t stre
 extern "C" int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol_args* a, cudaStream_t stream) {
     using namespace mok_qtile;
     MOK_CHECK_ARG(a != NULL && a->M >= 0 && a->N >= 0 &&
-                  (a->recipe == MOK_FP8_BLOCKWISE_1X128 || a->recipe == MOK_FP8_MXFP8));
+                  (a->recipe == MOK_FP8_BLOCKWISE_1X128 || a->recipe == MOK_FP8_MXFP8 ||
+                   a->recipe == MOK_FP8_BLOCKWISE_128X128));
+    const bool weight = a->recipe == MOK_FP8_BLOCKWISE_128X128;
+    MOK_CHECK_ARG(!weight || (a->col_tile && !a->scales_t_mn_major && a->src_of_row == NULL && a->batch_rows > 0 &&
+                              a->batch_rows % 128 == 0 && a->M % a->batch_rows == 0));
+    MOK_CHECK_ARG(a->x_up == NULL || (weight && a->batch_rows % 256 == 0));
     if (a->dtype != MOK_BF16) return MOK_ERR_DTYPE;
     if (a->M == 0 || a->N == 0) return 0;
     MOK_CHECK_ARG(a->x != NULL && a->q != NULL && a->scales != NULL && a->qt != NULL && a->scales_t != NULL);
@@ -279,6 +284,16 @@ extern "C" int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol
     MOK_CHECK_ARG(tiles <= MOK_INT32_LIMIT);
     tile_args t = tile_args_of(static_cast<const __nv_bfloat16*>(a->x), a->M, a->N, a->q, a->scales, a->qt,
                                a->scales_t);
+    if (weight) {
+        /* the transposed copy's 16-byte stores need each expert's rows (not all of M) in whole pieces */
+        t.batch_rows = a->batch_rows;
+        t.x_up = static_cast<const __nv_bfloat16*>(a->x_up);
+        t.vec = t.vec && ((uintptr_t)a->x_up & 15u) == 0; /* (NULL passes) */
+        t.vec_t = ((uintptr_t)a->qt & 15u) == 0;
+        t.col_tile = 1;
+        quantize_tile128_rowcol_bf16_kernel<<<(unsigned)tiles, kThreads, 0, stream>>>(t);
+        return mok_launch_status();
+    }
     const bool mx = a->recipe == MOK_FP8_MXFP8;
     MOK_CHECK_ARG(!a->col_tile || !mx); /* 128 x 128 column blocks: the blockwise recipe's */
     t.scales_t_mn = a->scales_t_mn_major != 0;

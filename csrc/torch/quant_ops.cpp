@@ -20,6 +20,14 @@
 // transpose_fp8_codes(q [B, R, C]) -> [B, C, R]: each matrix of 1-byte codes transposed (the FP8 dgrad's
 // W^T codes per expert). CUDA: csrc/cuda/transpose_bytes.cu (R and C multiples of 16, at the copy's speed);
 // otherwise, and on the CPU, torch's strided copy.
+//
+// quantize_fp8_weight_rowcol(w [E, N, K]) -> (q, scales, qt, scales_t): an expert weight's 128 x 128 blockwise
+// codes for the forward, (q, scales) = quantize_fp8(w as [E * N, K], "blockwise_128x128") as [E, N, K] and
+// [E, N / 128, ceil(K / 128)], and those of each expert's W^T for the FP8 dgrad, qt [E, K, N] = q^T and
+// scales_t [E, ceil(K / 128), N / 128] = scales^T per expert (a tile has one scale both ways). CUDA bf16: one
+// kernel reads w once and writes both (csrc/cuda/quant/quantize_bf16_tile.cuh); otherwise the quantisation,
+// then the transposes (the definition). With up (torchtitan's (w1, w3) pair: w the gate [E, I, K], up the same
+// shape), the copies of cat([w, up], 1) [E, 2I, K], which the kernel never makes.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -363,6 +371,55 @@ std::tuple<at::Tensor, at::Tensor> qdq_mxfp8_gather(const at::Tensor& x, const a
     return qdq_mxfp8(gather.call(x, src_of_row, w, top_k, c10::nullopt), offsets, rows, cols);
 }
 
+RowColTensors quantize_fp8_weight_rowcol(const at::Tensor& w, const c10::optional<at::Tensor>& up) {
+    const char* op = "mok.quantize_fp8_weight_rowcol";
+    check_dim(w, 3, op, "w", "[E, N, K]");
+    check_contiguous(w, op, "w");
+    const mok_dtype dt = to_mok_dtype(w, op, "w");
+    const int64_t B = 128;
+    TORCH_CHECK_VALUE(w.size(1) % B == 0, op, ": w.shape[1] (N) must be a multiple of ", B,
+                      " so that no 128 x 128 tile spans two experts (or the two halves of a pair), got ", w.size(1));
+    if (up.has_value()) {
+        TORCH_CHECK_VALUE(up->sizes() == w.sizes(), op, ": up must have the shape of w ", shape_str(w), ", got ",
+                          shape_str(*up));
+        TORCH_CHECK_VALUE(up->scalar_type() == w.scalar_type(), op, ": up must have w's dtype ", w.scalar_type(),
+                          ", got ", up->scalar_type());
+        check_same_device(*up, w, op, "up", "w");
+        check_contiguous(*up, op, "up");
+    }
+    const int64_t E = w.size(0), N = up.has_value() ? 2 * w.size(1) : w.size(1), K = w.size(2);
+#ifdef MOK_WITH_CUDA
+    if (w.is_cuda() && dt == MOK_BF16) {
+        const auto codes = w.options().dtype(at::kFloat8_e4m3fn), fp32 = w.options().dtype(at::kFloat);
+        auto q = at::empty({E, N, K}, codes), qt = at::empty({E, K, N}, codes);
+        auto scales = at::empty({E, N / B, ceil_div(K, B)}, fp32), scales_t = at::empty({E, ceil_div(K, B), N / B}, fp32);
+        if (w.numel() == 0) return {q, scales, qt, scales_t};
+        c10::cuda::CUDAGuard guard(w.device());
+        mok_quantize_fp8_rowcol_args a{};
+        a.x = w.data_ptr();
+        a.dtype = MOK_BF16;
+        a.M = E * N;
+        a.N = K;
+        a.recipe = static_cast<int>(Recipe::kBlock128x128);
+        a.q = static_cast<uint8_t*>(q.data_ptr());
+        a.scales = scales.data_ptr();
+        a.qt = static_cast<uint8_t*>(qt.data_ptr());
+        a.scales_t = scales_t.data_ptr();
+        a.col_tile = 1;
+        a.batch_rows = N;
+        a.x_up = up.has_value() ? up->data_ptr() : nullptr;
+        check_status(mok_quantize_fp8_rowcol_cuda(&a, at::cuda::getCurrentCUDAStream(w.device().index()).stream()), op);
+        return {q, scales, qt, scales_t};
+    }
+#endif
+    (void)dt;
+    const at::Tensor whole = up.has_value() ? at::cat({w, *up}, 1) : w;
+    auto [q, scales] = quantize_fp8(whole.reshape({E * N, K}), "blockwise_128x128");
+    q = q.view({E, N, K});
+    scales = scales.view({E, N / B, scales.size(1)});
+    return {q, scales, q.transpose(1, 2).contiguous(), scales.transpose(1, 2).contiguous()};
+}
+
 at::Tensor transpose_fp8_codes(const at::Tensor& q) {
     const char* op = "mok.transpose_fp8_codes";
     TORCH_CHECK_VALUE(q.dim() == 3, op, ": q must be 3-D [B, R, C], got shape ", shape_str(q));
@@ -390,6 +447,8 @@ at::Tensor transpose_fp8_codes(const at::Tensor& q) {
 
 TORCH_LIBRARY_FRAGMENT(mok, m) {
     m.def("transpose_fp8_codes(Tensor q) -> Tensor");
+    m.def("quantize_fp8_weight_rowcol(Tensor w, Tensor? up=None) -> (Tensor q, Tensor scales, Tensor qt, "
+          "Tensor scales_t)");
     m.def("quantize_fp8(Tensor x, str recipe) -> (Tensor q, Tensor scales)");
     m.def("dequantize_fp8(Tensor q, Tensor scales, str recipe) -> Tensor");
     m.def("quantize_fp8_rowcol(Tensor x, str recipe, bool scales_t_mn_major=False, str? col_recipe=None) -> "
@@ -403,6 +462,7 @@ TORCH_LIBRARY_FRAGMENT(mok, m) {
 
 TORCH_LIBRARY_IMPL(mok, CPU, m) {
     m.impl("transpose_fp8_codes", &transpose_fp8_codes);
+    m.impl("quantize_fp8_weight_rowcol", &quantize_fp8_weight_rowcol);
     m.impl("quantize_fp8", &quantize_fp8);
     m.impl("dequantize_fp8", &dequantize_fp8);
     m.impl("quantize_fp8_rowcol", &quantize_fp8_rowcol);
@@ -414,6 +474,7 @@ TORCH_LIBRARY_IMPL(mok, CPU, m) {
 #ifdef MOK_WITH_CUDA
 TORCH_LIBRARY_IMPL(mok, CUDA, m) {
     m.impl("transpose_fp8_codes", &transpose_fp8_codes);
+    m.impl("quantize_fp8_weight_rowcol", &quantize_fp8_weight_rowcol);
     m.impl("quantize_fp8", &quantize_fp8);
     m.impl("dequantize_fp8", &dequantize_fp8);
     m.impl("quantize_fp8_rowcol", &quantize_fp8_rowcol);

@@ -28,6 +28,7 @@
 #include "mok_core.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -175,6 +176,56 @@ void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset,
     expect_core_quantization(r, x, M, N, q, s, label, "");
     if (mn) st = transpose_bytes(st, cdiv(M, r == kMx ? 32 : 128), col_tile ? cdiv(N, 128) : N, scale_size(rt));
     if (rowcol) expect_core_quantization(rt, transpose(x, M, N), N, M, qt, st, label, " transposed");
+}
+
+/* The expert weight kernel (quantize_tile128_rowcol_bf16_kernel, v66) on E experts of N x K (N a multiple of
+ * 128): (q, s) against the core's 128 x 128 quantisation of the [E * N, K] rows, (qt, st) against each expert's
+ * codes and scales transposed. pair: the rows of each expert from two [E, N / 2, K] halves (x_up), checked
+ * against their concatenation. offset: x (and x_up) that many elements into their buffers. */
+void run_weight_case(Rng& rng, int64_t E, int64_t N, int64_t K, int offset, bool pair) {
+    using namespace mok_qtile;
+    const int64_t M = E * N;
+    const std::vector<uint16_t> x = make_input(rng, M, K); /* the concatenation, when pair */
+    std::vector<uint16_t> lo(x.size() + 8), hi(x.size() + 8);
+    if (pair) { /* expert e's first N / 2 rows to lo, the rest to hi */
+        const int64_t h = N / 2;
+        for (int64_t e = 0; e < E; ++e) {
+            memcpy(lo.data() + offset + e * h * K, x.data() + e * N * K, (size_t)(h * K) * 2);
+            memcpy(hi.data() + offset + e * h * K, x.data() + (e * N + h) * K, (size_t)(h * K) * 2);
+        }
+    } else {
+        memcpy(lo.data() + offset, x.data(), x.size() * 2);
+    }
+    std::vector<uint8_t> q((size_t)(M * K), 0xA5), s((size_t)scale_count(k128x128, M, K) * 4, 0xA5);
+    std::vector<uint8_t> qt((size_t)(M * K), 0xA5), st(s.size(), 0xA5);
+    tile_args a = tile_args_of(reinterpret_cast<const __nv_bfloat16*>(lo.data() + offset), M, K, q.data(), s.data(),
+                               qt.data(), st.data());
+    a.col_tile = 1;
+    a.batch_rows = N;
+    a.vec_t = 1; /* as the launcher: N is a multiple of 128 and the buffer aligned */
+    if (pair) {
+        a.x_up = reinterpret_cast<const __nv_bfloat16*>(hi.data() + offset);
+        a.vec = a.vec && offset % 8 == 0;
+    }
+    char label[200];
+    snprintf(label, sizeof label, "weight E=%lld N=%lld K=%lld offset=%d pair=%d vec=%d", (long long)E, (long long)N,
+             (long long)K, offset, pair, a.vec);
+    if (!launched(label, (unsigned)tile_count(M, K), [&] { quantize_tile128_rowcol_bf16_kernel(a); })) return;
+    std::vector<uint8_t> wq, ws;
+    core_quantize(k128x128, x.data(), M, K, wq, ws);
+    emu::expect_same(q, wq, std::string(label) + " codes");
+    emu::expect_same(s, ws, std::string(label) + " scales");
+    const int64_t kb = cdiv(K, 128), nb = N / 128;
+    std::vector<uint8_t> wqt((size_t)(M * K)), wst(ws.size());
+    for (int64_t e = 0; e < E; ++e) {
+        const std::vector<uint8_t> qe(wq.begin() + e * N * K, wq.begin() + (e + 1) * N * K);
+        const std::vector<uint8_t> se(ws.begin() + e * nb * kb * 4, ws.begin() + (e + 1) * nb * kb * 4);
+        const std::vector<uint8_t> qet = transpose_bytes(qe, N, K, 1), set = transpose_bytes(se, nb, kb, 4);
+        std::copy(qet.begin(), qet.end(), wqt.begin() + e * N * K);
+        std::copy(set.begin(), set.end(), wst.begin() + e * nb * kb * 4);
+    }
+    emu::expect_same(qt, wqt, std::string(label) + " transposed codes");
+    emu::expect_same(st, wst, std::string(label) + " transposed scales");
 }
 
 uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(mok_from_acc<__nv_bfloat16>(v)); }
@@ -576,6 +627,14 @@ int main(int argc, char** argv) {
         run_gather_case(rng, r, 1, 1, 1, 8, 0, false, false, 2);
     }
     run_gather_case(rng, k1x128, 37, 8, 300, 264, 0, true, true, 2);
+    /* expert weights with both copies (v66): one and several experts of one and several tile rows, K ragged,
+     * below one piece and not a multiple of 8; the (gate, up) pair; misaligned halves (element-wise loads) */
+    for (const auto& sh : std::vector<std::array<int64_t, 3>>{{1, 128, 128}, {3, 256, 200}, {2, 128, 8}, {2, 384, 77},
+                                                              {1, 256, 264}})
+        for (bool pair : {false, true})
+            if (!pair || sh[1] % 256 == 0) run_weight_case(rng, sh[0], sh[1], sh[2], 0, pair);
+    run_weight_case(rng, 2, 256, 136, 1, false);
+    run_weight_case(rng, 2, 256, 136, 3, true);
     /* unaligned x (element-wise loads) */
     run_case(rng, k1x128, false, 40, 256, 1);
     run_case(rng, kMx, true, 40, 256, 3);

@@ -68,6 +68,11 @@ struct tile_args {
     mok_gathered::rows_of_plan gather;
     int col_band;           /* kGather kernels: the tiles walk in bands of col_band (>= 1) tile columns, each
                              * band down all of M before the next (tile_thread_banded); nbn: row-major */
+    int64_t batch_rows;     /* quantize_tile128_rowcol_bf16_kernel only (expert weights [E, N, K] as [E * N, K]):
+                             * qt per batch of batch_rows rows (a multiple of 128), [M / batch_rows, N, batch_rows],
+                             * and scales_t [M / batch_rows, ceil(N / 128), batch_rows / 128] */
+    const __nv_bfloat16* x_up; /* the same kernel on a (gate, up) pair: x [E, batch_rows / 2, N] is the gate, x_up
+                             * the up half; expert e's rows are x[e] then x_up[e] (a multiple of 128 each) */
 };
 
 static inline tile_args tile_args_of(const __nv_bfloat16* x, int64_t M, int64_t N, uint8_t* q, void* scales,
@@ -90,6 +95,8 @@ static inline tile_args tile_args_of(const __nv_bfloat16* x, int64_t M, int64_t 
     a.gather.src_limit = 0;
     a.gather.top_k = 1;
     a.col_band = a.nbn;
+    a.batch_rows = M;
+    a.x_up = nullptr;
     return a;
 }
 
@@ -343,6 +350,26 @@ __device__ __forceinline__ void quantize_rows(const tile_args& a, const tile_thr
     }
 }
 
+/* ---- 128 x 128 blocks: the tile's codes in its one scale b (and the scale, by thread 0) ---- */
+__device__ __forceinline__ void store_tile128_rows(const tile_args& a, const tile_thread& t, const uint32_t (&w)[8][4],
+                                                   const block_scale& b) {
+    if (threadIdx.x == 0) static_cast<float*>(a.scales)[(int64_t)t.tm * a.nbn + t.tn] = b.s;
+    if (t.cols == 0) return;
+    uint8_t* dst = a.q + t.r0 * a.N + t.c;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        if (i >= t.rows) break;
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            v[2 * k] = lo_f(w[i][k]);
+            v[2 * k + 1] = hi_f(w[i][k]);
+        }
+        store8(dst, encode8<false>(v, b), a.vec != 0, t.cols);
+        dst += a.N;
+    }
+}
+
 /* ---- kernels ---- */
 
 /* 1x128 (fp32 scales) or 1x32 (E8M0 scales) blocks along the rows. */
@@ -372,22 +399,7 @@ static __global__ void __launch_bounds__(kThreads) quantize_tile128_bf16_kernel(
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < kThreads / 32; ++i) m = max(m, s_max[i]);
-    const block_scale b = block_scale_of<false>(m);
-    if (threadIdx.x == 0) static_cast<float*>(a.scales)[(int64_t)t.tm * a.nbn + t.tn] = b.s;
-    if (t.cols == 0) return;
-    uint8_t* dst = a.q + t.r0 * a.N + t.c;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        if (i >= t.rows) break;
-        float v[8];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            v[2 * k] = lo_f(w[i][k]);
-            v[2 * k + 1] = hi_f(w[i][k]);
-        }
-        store8(dst, encode8<false>(v, b), a.vec != 0, t.cols);
-        dst += a.N;
-    }
+    store_tile128_rows(a, t, w, block_scale_of<false>(m));
 }
 
 /* Shared memory of the rowcol kernel (22 KiB for 1x128, 28 KiB for mxfp8).
@@ -418,8 +430,10 @@ struct rowcol_smem {
  * comes after every thread has finished reading s the previous time). kStageColScales (EXPERIMENTAL,
  * for quantize_rowcol_strip_bf16_kernel below, v43): the column blocks' scales go to
  * col_scale_stage[kb * 128 + column in the tile] (fp32, or the E8M0 code's bits) instead of
- * scales_t, written there before the function's second barrier. */
-template <int B, bool kMx, bool kRows, bool kCols, bool kStageColScales = false>
+ * scales_t, written there before the function's second barrier. kWeight (quantize_tile128_rowcol_bf16_kernel:
+ * blockwise, col_tile, kCols and not kRows): the row-wise codes in 128 x 128 blocks too, i.e. in the tile's
+ * one scale, and the transposed copy per batch of a.batch_rows rows (each expert's W^T). */
+template <int B, bool kMx, bool kRows, bool kCols, bool kStageColScales = false, bool kWeight = false>
 __device__ __forceinline__ void quantize_tile_block(const tile_args& a, const tile_thread& t, const uint32_t (&w)[8][4],
                                                     rowcol_smem<B>& s, float* col_scale_stage = nullptr) {
     enum { kGroup = B / 8, kColBlocks = kTile / B }; /* chunks per column block: 16 or 4; blocks per tile column */
@@ -448,6 +462,8 @@ __device__ __forceinline__ void quantize_tile_block(const tile_args& a, const ti
     if (col_tile)
 #pragma unroll
         for (int i = 0; i < kThreads / 32; ++i) tile_m = max(tile_m, s.tile_max[i]);
+    /* (the same amax as quantize_tile128_bf16_kernel's: the tile's, folded from columns instead of rows) */
+    if (kWeight) store_tile128_rows(a, t, w, block_scale_of<false>(tile_m));
 #pragma unroll
     for (int u = (int)threadIdx.x; u < kTile * kColBlocks; u += kThreads) {
         const int pp = u % kPieces, c = (u / kPieces) % 8, kb = u / kTile;
@@ -465,7 +481,11 @@ __device__ __forceinline__ void quantize_tile_block(const tile_args& a, const ti
         const int64_t col = t.n0 + 8 * pp + c;
         if (col_tile) { /* one scale for the tile (its first column's thread stores it) */
             if (u == 0) {
-                const int64_t at = a.scales_t_mn ? (int64_t)t.tm * a.nbn + t.tn : (int64_t)t.tn * nbs_t + t.tm;
+                int64_t at = a.scales_t_mn ? (int64_t)t.tm * a.nbn + t.tn : (int64_t)t.tn * nbs_t + t.tm;
+                if (kWeight) { /* batch e's [nbn, bt] */
+                    const int64_t bt = a.batch_rows / kTile, e = t.tm / bt;
+                    at = e * a.nbn * bt + (int64_t)t.tn * bt + (t.tm - e * bt);
+                }
                 static_cast<float*>(a.scales_t)[at] = b.s;
             }
         } else if (col < a.N && t.m0 + kb * B < a.M) {
@@ -500,6 +520,10 @@ __device__ __forceinline__ void quantize_tile_block(const tile_args& a, const ti
         const int64_t col = t.n0 + n, m = t.m0 + 16 * k;
         if (col >= a.N || m >= a.M) continue;
         uint8_t* dst = a.qt + col * a.M + m;
+        if (kWeight) { /* row m of batch e: [e][col][m - e * batch_rows] */
+            const int64_t e = t.m0 / a.batch_rows;
+            dst = a.qt + e * a.batch_rows * a.N + col * a.batch_rows + (m - e * a.batch_rows);
+        }
         if (a.vec_t) {
             *reinterpret_cast<uint4*>(dst) = v;
         } else {
@@ -521,6 +545,29 @@ __global__ void __launch_bounds__(kThreads) quantize_rowcol_bf16_kernel(const ti
     uint32_t w[8][4];
     load_block<kGather>(a, t, w);
     quantize_tile_block<B, kMx, true, true>(a, t, w, s);
+}
+
+/* Expert weights [E, N, K] viewed as x [E * N, K] (N = a.batch_rows, a multiple of 128), from one read:
+ * (q, scales) = quantize(x, "blockwise_128x128") and per expert (qt[e], scales_t[e]) =
+ * quantize(x[e]^T, "blockwise_128x128"), i.e. q[e]^T and scales[e]^T (a tile has one scale both ways).
+ * The FP8 forward reads q, the FP8 dgrad qt: one pass instead of quantising, then transposing the codes
+ * (1 byte less per element read; performance log v66). With a.x_up, of the pair's concatenation
+ * cat([x, x_up], 1) without making it (torchtitan's w1, w3). */
+static __global__ void __launch_bounds__(kThreads) quantize_tile128_rowcol_bf16_kernel(const tile_args a) {
+    __shared__ rowcol_smem<128> s;
+    const tile_thread t = tile_thread_of(a);
+    uint32_t w[8][4];
+    if (a.x_up == nullptr) {
+        load_block(a, t, w);
+    } else { /* the pair: the tile's rows from the half that holds them (no tile straddles the two) */
+        const int64_t half = a.batch_rows / 2, e = t.m0 / a.batch_rows, local = t.m0 - e * a.batch_rows;
+        tile_args src = a;
+        tile_thread ts = t;
+        src.x = local < half ? a.x : a.x_up;
+        ts.r0 = e * half + (local < half ? local : local - half) + 8 * t.g;
+        load_block(src, ts, w);
+    }
+    quantize_tile_block<128, false, false, true, false, true>(a, t, w, s);
 }
 
 /* Performance log v43, v44 (timed by benchmarks/rowcol_timing.cu; the launcher's rowcol_strip_of says
