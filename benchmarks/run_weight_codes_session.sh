@@ -4,6 +4,7 @@
 #
 #   PART=1 bash benchmarks/run_weight_codes_session.sh   # build; GPU tests; the W^T codes' kernels timed
 #   PART=2 bash benchmarks/run_weight_codes_session.sh   # the requantised FP8 step per way of making them
+#   PART=all bash benchmarks/run_weight_codes_session.sh # both in one call (~8 minutes; when starts are scarce)
 #
 # Part 1: builds mok, runs the GPU tests (FULL_SUITE=1: the whole suite; else those of the weight codes, the
 # transpose, the pair recipes and the FP8 experts), then times, per weight shape, torch's transpose of the
@@ -18,13 +19,13 @@ if [ "$PART" = 2 ] && python3 -c "import mok, sys; sys.exit(0 if mok.has_cuda_ke
     SKIP_BUILD=1  # the warm machine's build of part 1
 fi
 source "$(dirname "$0")/gpu_session.sh"
-if [ "$PART" = 1 ]; then
+if [ "$PART" != 2 ]; then
     if [ -n "${FULL_SUITE:-}" ]; then
         run_gpu_suite
     else
-        timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_weight_codes.py \
-            tests/test_transpose_codes.py tests/test_split_gate_up_recipes.py tests/test_fp8_experts.py \
-            > "$OUT/weight_codes_tests.txt" 2>&1
+        files="tests/test_weight_codes.py tests/test_transpose_codes.py tests/test_split_gate_up_recipes.py"
+        [ "$PART" = all ] || files="$files tests/test_fp8_experts.py"
+        timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider $files > "$OUT/weight_codes_tests.txt" 2>&1
         echo "tests ($((SECONDS - T0)) s): $(tail -1 "$OUT/weight_codes_tests.txt")"
         grep -E "^FAILED" "$OUT/weight_codes_tests.txt" | head -10
     fi
@@ -62,11 +63,12 @@ for name, shape in (("mixtral w1", (8, 28672, 4096)), ("mixtral w2", (8, 4096, 1
     w = fused = two = None
     torch.cuda.empty_cache()
 PY
-else
+fi
+if [ "$PART" != 1 ]; then
     SHAPES=${SHAPES:-qwen3_30b_a3b,mixtral_8x7b,dsv3_ep8_slice}
     ROUNDS=${ROUNDS:-2}
     for codes in torch transpose fused; do
-        timeout 170 python3 benchmarks/bench_titan_experts.py --shapes "$SHAPES" --rounds "$ROUNDS" --recipe blockwise \
+        timeout 150 python3 benchmarks/bench_titan_experts.py --shapes "$SHAPES" --rounds "$ROUNDS" --recipe blockwise \
             --fp8-backward all_tiled --requantise --weight-codes $codes --out "/tmp/titan_$codes.json" \
             > "/tmp/titan_$codes.txt" 2>&1
         echo "== bench_titan_experts --weight-codes $codes ($((SECONDS - T0)) s)"
