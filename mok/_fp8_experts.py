@@ -231,7 +231,10 @@ def _cached(w, attr, make, partner=None):
 
 
 def quantize_expert_weight_pair(gate, up):
-    """quantize_expert_weight(cat([gate, up], 1)) from the halves, which no 128 x 128 block straddles."""
+    """quantize_expert_weight(cat([gate, up], 1)) from the halves, which no 128 x 128 block straddles: with
+    FUSED_WEIGHT_CODES written in place by one kernel, else each half's codes concatenated."""
+    if FUSED_WEIGHT_CODES:
+        return ops.quantize_fp8_weight(gate.detach(), up.detach())
     (q_gate, s_gate), (q_up, s_up) = quantize_expert_weight(gate), quantize_expert_weight(up)
     return torch.cat([q_gate, q_up], 1), torch.cat([s_gate, s_up], 1)
 
@@ -246,7 +249,8 @@ def cached_expert_weight(w, up=None):
 
 # A weight's codes and its W^T codes for the FP8 dgrad, when both are needed and neither is cached: True, one
 # kernel reads the bf16 weight once and writes both (torch.ops.mok.quantize_fp8_weight_rowcol; for the (w1, w3)
-# pair straight from the two halves, no concatenation); False, the quantisation, the pair's concatenation and
+# pair straight from the two halves, no concatenation), and the pair's codes alone likewise
+# (torch.ops.mok.quantize_fp8_weight); False, the quantisation, the pair's concatenation and
 # transpose_expert_codes. The same bits. Performance log v66.
 FUSED_WEIGHT_CODES = False
 

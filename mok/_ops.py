@@ -247,20 +247,27 @@ def _grouped_mm_fp8_wgrad_fake(a, a_scales, b, b_scales, offsets):
     return a.new_empty((offsets.shape[0] - 1, a.shape[0], b.shape[0]), dtype=torch.bfloat16)
 
 
-@torch.library.register_fake("mok::quantize_fp8_weight_rowcol")
-def _quantize_fp8_weight_rowcol_fake(w, up=None):
+def _weight_codes_fake(w, up, op):
     if w.dim() != 3 or w.shape[1] % 128:
-        raise ValueError(f"mok.quantize_fp8_weight_rowcol: w must be [E, N, K] with N a multiple of 128, got "
-                         f"shape {tuple(w.shape)}")
+        raise ValueError(f"{op}: w must be [E, N, K] with N a multiple of 128, got shape {tuple(w.shape)}")
     if up is not None and up.shape != w.shape:
-        raise ValueError(f"mok.quantize_fp8_weight_rowcol: up must have the shape of w {tuple(w.shape)}, got "
-                         f"{tuple(up.shape)}")
+        raise ValueError(f"{op}: up must have the shape of w {tuple(w.shape)}, got {tuple(up.shape)}")
     E, N, K = w.shape
     N = 2 * N if up is not None else N
     kb = (K + 127) // 128
     codes = dict(dtype=torch.float8_e4m3fn)
     return (w.new_empty((E, N, K), **codes), w.new_empty((E, N // 128, kb), dtype=torch.float32),
             w.new_empty((E, K, N), **codes), w.new_empty((E, kb, N // 128), dtype=torch.float32))
+
+
+@torch.library.register_fake("mok::quantize_fp8_weight_rowcol")
+def _quantize_fp8_weight_rowcol_fake(w, up=None):
+    return _weight_codes_fake(w, up, "mok.quantize_fp8_weight_rowcol")
+
+
+@torch.library.register_fake("mok::quantize_fp8_weight")
+def _quantize_fp8_weight_fake(w, up=None):
+    return _weight_codes_fake(w, up, "mok.quantize_fp8_weight")[:2]
 
 
 @torch.library.register_fake("mok::transpose_fp8_codes")
@@ -415,6 +422,7 @@ ALL_OPS = (
     "dequantize_fp8",
     "transpose_fp8_codes",
     "quantize_fp8_weight_rowcol",
+    "quantize_fp8_weight",
     "quantize_fp8_rowcol",
     "quantize_fp8_rowcol_gather",
     "swiglu_quantize_fp8",

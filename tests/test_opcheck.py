@@ -57,6 +57,9 @@ def op_cases(device):
                                        for dt in (torch.bfloat16, torch.float32)]
                                       + [(torch.randn(2, 128, 256, device=device, dtype=torch.bfloat16),
                                           torch.randn(2, 128, 256, device=device, dtype=torch.bfloat16))],
+        "quantize_fp8_weight": [(torch.randn(2, 256, 200, device=device, dtype=torch.bfloat16),),
+                                (torch.randn(2, 128, 256, device=device, dtype=torch.bfloat16),
+                                 torch.randn(2, 128, 256, device=device, dtype=torch.bfloat16))],
         "quantize_fp8": [(torch.randn(5, 200, device=device), r)
                          for r in ("blockwise_1x128", "blockwise_128x128", "mxfp8")],
         "dequantize_fp8": [(*ops.quantize_fp8(torch.randn(5, 200, device=device), r), r)

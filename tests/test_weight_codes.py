@@ -72,34 +72,50 @@ def test_pair_codes_are_those_of_the_concatenation(device, shape):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(3, 256, 384), (2, 128, 200)], ids=str)
+@pytest.mark.parametrize("pair", [False, True], ids=["one-weight", "pair"])
+def test_codes_alone_are_the_rowcol_ops_first_two(device, shape, pair):
+    # mok::quantize_fp8_weight: the same kernel without the transposed copy (the pair's forward codes)
+    w = edge_weight(*shape, device, torch.bfloat16)
+    up = edge_weight(*shape, device, torch.bfloat16) if pair else None
+    want = reference(torch.cat([w, up], 1) if pair else w)
+    got = ops.quantize_fp8_weight(w, up)
+    assert len(got) == 2
+    assert_same(tuple(got) + want[2:], want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_weight_codes_of_a_misaligned_weight(device):
     # rows whose 16-byte loads would straddle: the element-wise path, same bits
     w = torch.randn(2 * 128 * 136 + 1, dtype=torch.bfloat16, device=device)[1:].view(2, 128, 136)
     assert_same(ops.quantize_fp8_weight_rowcol(w), reference(w))
 
 
-def test_bad_input_names_the_argument():
-    op = "mok.quantize_fp8_weight_rowcol"
+@pytest.mark.parametrize("op", ["quantize_fp8_weight_rowcol", "quantize_fp8_weight"])
+def test_bad_input_names_the_argument(op):
+    fn = getattr(ops, op)
+    op = f"mok.{op}"
     with pytest.raises(ValueError, match=rf"{op}: w must be 3-D \[E, N, K\]"):
-        ops.quantize_fp8_weight_rowcol(torch.zeros(128, 128))
+        fn(torch.zeros(128, 128))
     with pytest.raises(ValueError, match=rf"{op}: w.shape\[1\] \(N\) must be a multiple of 128"):
-        ops.quantize_fp8_weight_rowcol(torch.zeros(2, 64, 128))
+        fn(torch.zeros(2, 64, 128))
     with pytest.raises(ValueError, match=rf"{op}: up must have the shape of w"):
-        ops.quantize_fp8_weight_rowcol(torch.zeros(2, 128, 128), torch.zeros(2, 256, 128))
+        fn(torch.zeros(2, 128, 128), torch.zeros(2, 256, 128))
     with pytest.raises(ValueError, match=rf"{op}: up must have w's dtype"):
-        ops.quantize_fp8_weight_rowcol(torch.zeros(2, 128, 128), torch.zeros(2, 128, 128, dtype=torch.bfloat16))
+        fn(torch.zeros(2, 128, 128), torch.zeros(2, 128, 128, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match=rf"{op}: w must be contiguous"):
-        ops.quantize_fp8_weight_rowcol(torch.zeros(2, 128, 256)[:, :, :128])
+        fn(torch.zeros(2, 128, 256)[:, :, :128])
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("pair", [False, True], ids=["one-weight", "pair"])
-@pytest.mark.parametrize("options", [dict(fp8_dgrad=True), dict(fp8_dgrad=True, fp8_wgrad="tiled")],
-                         ids=["fp8_dgrad", "all_tiled"])
+@pytest.mark.parametrize("options", [{}, dict(fp8_dgrad=True), dict(fp8_dgrad=True, fp8_wgrad="tiled")],
+                         ids=["fp8_forward", "fp8_dgrad", "all_tiled"])
 @pytest.mark.parametrize("case", CASES[1:4], ids=str)
 def test_layer_with_fused_weight_codes_is_the_two_pass_layer(monkeypatch, device, pair, options, case):
     # y and every gradient bit for bit, and the codes cached as before (reused on the next call, both the
-    # forward's and the dgrad's)
+    # forward's and the dgrad's). Without fp8_dgrad only the pair's forward codes change hands
+    # (mok::quantize_fp8_weight).
     x, idx, w, gate_up, down = make_moe_inputs(case, torch.bfloat16, device, requires_grad=True)
     weight = (gate_up[:, :case.I].detach().clone().requires_grad_(True),
               gate_up[:, case.I:].detach().clone().requires_grad_(True)) if pair else gate_up
@@ -114,13 +130,15 @@ def test_layer_with_fused_weight_codes_is_the_two_pass_layer(monkeypatch, device
         mok._fp8_experts.drop_cached_codes(*leaves)
         y = mok.functional.moe_experts(x, idx, w, weight, down, recipe="blockwise", **options)
         results[fused] = [y] + list(torch.autograd.grad(y, leaves, dy))
-        assert len(made) == (2 if fused else 0), "the fused codes were not made where asked for (or made where not)"
+        want_made = 2 if fused and options else 0
+        assert len(made) == want_made, "the fused codes were not made where asked for (or made where not)"
     for a, b in zip(results[False], results[True]):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16))
     first = weight[0] if pair else weight
-    attrs = [f"_mok_fp8_blockwise{'_pair' if pair else ''}{kind}" for kind in ("", "_t")]
-    entries = [getattr(first, attr) for attr in attrs] + [down._mok_fp8_blockwise, down._mok_fp8_blockwise_t]
+    kinds = ("", "_t") if options else ("",)
+    attrs = [f"_mok_fp8_blockwise{'_pair' if pair else ''}{kind}" for kind in kinds]
+    cached = lambda: [getattr(first, a) for a in attrs] + [getattr(down, f"_mok_fp8_blockwise{k}") for k in kinds]  # noqa: E731
+    entries = cached()
     assert all(e is not None for e in entries)
     mok.functional.moe_experts(x, idx, w, weight, down, recipe="blockwise", **options)
-    again = [getattr(first, attr) for attr in attrs] + [down._mok_fp8_blockwise, down._mok_fp8_blockwise_t]
-    assert all(a is b for a, b in zip(again, entries)) and len(made) == 2  # reused, not remade
+    assert all(a is b for a, b in zip(cached(), entries)) and len(made) == want_made  # reused, not remade

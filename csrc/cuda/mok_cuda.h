@@ -203,7 +203,8 @@ int mok_quantize_fp8_cuda(const struct mok_quantize_fp8_args* args, cudaStream_t
  * (q, scales) as mok_quantize_fp8_cuda(x), (qt, scales_t) as mok_quantize_fp8_cuda(x^T contiguous).
  * Recipe 128x128 (expert weights [E, N, K] as x [E * N, K], with col_tile and batch_rows = N, a multiple
  * of 128; no src_of_row, no scales_t_mn_major): (q, scales) as mok_quantize_fp8_cuda(x), and per expert e
- * qt[e] [K, N] = q[e]^T with scales_t[e] [ceil(K / 128), N / 128] = scales[e]^T.
+ * qt[e] [K, N] = q[e]^T with scales_t[e] [ceil(K / 128), N / 128] = scales[e]^T; or, with qt and scales_t
+ * NULL, (q, scales) alone.
  * With src_of_row set, the copies of the gathered rows instead: of x_rows [M, N] = gather_rows(x,
  * src_of_row, w, K) (row m is x[src_of_row[m] / K], times w[src_of_row[m]] rounded to bf16 when w is
  * set, zeros where src_of_row[m] is outside [0, T * K), as mok_gather_rows_cuda), without writing x_rows. */

@@ -279,7 +279,9 @@ extern "C" int mok_quantize_fp8_rowcol_cuda(const struct mok_quantize_fp8_rowcol
     MOK_CHECK_ARG(a->x_up == NULL || (weight && a->batch_rows % 256 == 0));
     if (a->dtype != MOK_BF16) return MOK_ERR_DTYPE;
     if (a->M == 0 || a->N == 0) return 0;
-    MOK_CHECK_ARG(a->x != NULL && a->q != NULL && a->scales != NULL && a->qt != NULL && a->scales_t != NULL);
+    /* (the weight kernel may leave out the transposed copy) */
+    MOK_CHECK_ARG(a->x != NULL && a->q != NULL && a->scales != NULL &&
+                  ((a->qt != NULL && a->scales_t != NULL) || (weight && a->qt == NULL && a->scales_t == NULL)));
     const int64_t tiles = tile_count(a->M, a->N);
     MOK_CHECK_ARG(tiles <= MOK_INT32_LIMIT);
     tile_args t = tile_args_of(static_cast<const __nv_bfloat16*>(a->x), a->M, a->N, a->q, a->scales, a->qt,

@@ -27,7 +27,8 @@
 // scales_t [E, ceil(K / 128), N / 128] = scales^T per expert (a tile has one scale both ways). CUDA bf16: one
 // kernel reads w once and writes both (csrc/cuda/quant/quantize_bf16_tile.cuh); otherwise the quantisation,
 // then the transposes (the definition). With up (torchtitan's (w1, w3) pair: w the gate [E, I, K], up the same
-// shape), the copies of cat([w, up], 1) [E, 2I, K], which the kernel never makes.
+// shape), the copies of cat([w, up], 1) [E, 2I, K], which the kernel never makes. quantize_fp8_weight(w[, up]):
+// (q, scales) alone, the same kernel without the transposed copy (the pair's forward codes).
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -371,8 +372,9 @@ std::tuple<at::Tensor, at::Tensor> qdq_mxfp8_gather(const at::Tensor& x, const a
     return qdq_mxfp8(gather.call(x, src_of_row, w, top_k, c10::nullopt), offsets, rows, cols);
 }
 
-RowColTensors quantize_fp8_weight_rowcol(const at::Tensor& w, const c10::optional<at::Tensor>& up) {
-    const char* op = "mok.quantize_fp8_weight_rowcol";
+// The expert weight's codes (and, with transposed, its W^T codes per expert; else qt and scales_t undefined) for
+// quantize_fp8_weight and quantize_fp8_weight_rowcol (op: the caller's name, for errors).
+RowColTensors weight_codes(const at::Tensor& w, const c10::optional<at::Tensor>& up, bool transposed, const char* op) {
     check_dim(w, 3, op, "w", "[E, N, K]");
     check_contiguous(w, op, "w");
     const mok_dtype dt = to_mok_dtype(w, op, "w");
@@ -391,8 +393,13 @@ RowColTensors quantize_fp8_weight_rowcol(const at::Tensor& w, const c10::optiona
 #ifdef MOK_WITH_CUDA
     if (w.is_cuda() && dt == MOK_BF16) {
         const auto codes = w.options().dtype(at::kFloat8_e4m3fn), fp32 = w.options().dtype(at::kFloat);
-        auto q = at::empty({E, N, K}, codes), qt = at::empty({E, K, N}, codes);
-        auto scales = at::empty({E, N / B, ceil_div(K, B)}, fp32), scales_t = at::empty({E, ceil_div(K, B), N / B}, fp32);
+        auto q = at::empty({E, N, K}, codes);
+        auto scales = at::empty({E, N / B, ceil_div(K, B)}, fp32);
+        at::Tensor qt, scales_t;
+        if (transposed) {
+            qt = at::empty({E, K, N}, codes);
+            scales_t = at::empty({E, ceil_div(K, B), N / B}, fp32);
+        }
         if (w.numel() == 0) return {q, scales, qt, scales_t};
         c10::cuda::CUDAGuard guard(w.device());
         mok_quantize_fp8_rowcol_args a{};
@@ -403,8 +410,8 @@ RowColTensors quantize_fp8_weight_rowcol(const at::Tensor& w, const c10::optiona
         a.recipe = static_cast<int>(Recipe::kBlock128x128);
         a.q = static_cast<uint8_t*>(q.data_ptr());
         a.scales = scales.data_ptr();
-        a.qt = static_cast<uint8_t*>(qt.data_ptr());
-        a.scales_t = scales_t.data_ptr();
+        a.qt = transposed ? static_cast<uint8_t*>(qt.data_ptr()) : nullptr;
+        a.scales_t = transposed ? scales_t.data_ptr() : nullptr;
         a.col_tile = 1;
         a.batch_rows = N;
         a.x_up = up.has_value() ? up->data_ptr() : nullptr;
@@ -417,7 +424,17 @@ RowColTensors quantize_fp8_weight_rowcol(const at::Tensor& w, const c10::optiona
     auto [q, scales] = quantize_fp8(whole.reshape({E * N, K}), "blockwise_128x128");
     q = q.view({E, N, K});
     scales = scales.view({E, N / B, scales.size(1)});
+    if (!transposed) return {q, scales, at::Tensor(), at::Tensor()};
     return {q, scales, q.transpose(1, 2).contiguous(), scales.transpose(1, 2).contiguous()};
+}
+
+RowColTensors quantize_fp8_weight_rowcol(const at::Tensor& w, const c10::optional<at::Tensor>& up) {
+    return weight_codes(w, up, true, "mok.quantize_fp8_weight_rowcol");
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_fp8_weight(const at::Tensor& w, const c10::optional<at::Tensor>& up) {
+    auto codes = weight_codes(w, up, false, "mok.quantize_fp8_weight");
+    return {std::get<0>(codes), std::get<1>(codes)};
 }
 
 at::Tensor transpose_fp8_codes(const at::Tensor& q) {
@@ -449,6 +466,7 @@ TORCH_LIBRARY_FRAGMENT(mok, m) {
     m.def("transpose_fp8_codes(Tensor q) -> Tensor");
     m.def("quantize_fp8_weight_rowcol(Tensor w, Tensor? up=None) -> (Tensor q, Tensor scales, Tensor qt, "
           "Tensor scales_t)");
+    m.def("quantize_fp8_weight(Tensor w, Tensor? up=None) -> (Tensor q, Tensor scales)");
     m.def("quantize_fp8(Tensor x, str recipe) -> (Tensor q, Tensor scales)");
     m.def("dequantize_fp8(Tensor q, Tensor scales, str recipe) -> Tensor");
     m.def("quantize_fp8_rowcol(Tensor x, str recipe, bool scales_t_mn_major=False, str? col_recipe=None) -> "
@@ -463,6 +481,7 @@ TORCH_LIBRARY_FRAGMENT(mok, m) {
 TORCH_LIBRARY_IMPL(mok, CPU, m) {
     m.impl("transpose_fp8_codes", &transpose_fp8_codes);
     m.impl("quantize_fp8_weight_rowcol", &quantize_fp8_weight_rowcol);
+    m.impl("quantize_fp8_weight", &quantize_fp8_weight);
     m.impl("quantize_fp8", &quantize_fp8);
     m.impl("dequantize_fp8", &dequantize_fp8);
     m.impl("quantize_fp8_rowcol", &quantize_fp8_rowcol);
@@ -475,6 +494,7 @@ TORCH_LIBRARY_IMPL(mok, CPU, m) {
 TORCH_LIBRARY_IMPL(mok, CUDA, m) {
     m.impl("transpose_fp8_codes", &transpose_fp8_codes);
     m.impl("quantize_fp8_weight_rowcol", &quantize_fp8_weight_rowcol);
+    m.impl("quantize_fp8_weight", &quantize_fp8_weight);
     m.impl("quantize_fp8", &quantize_fp8);
     m.impl("dequantize_fp8", &dequantize_fp8);
     m.impl("quantize_fp8_rowcol", &quantize_fp8_rowcol);

@@ -181,8 +181,9 @@ void run_case(Rng& rng, Recipe r, bool rowcol, int64_t M, int64_t N, int offset,
 /* The expert weight kernel (quantize_tile128_rowcol_bf16_kernel, v66) on E experts of N x K (N a multiple of
  * 128): (q, s) against the core's 128 x 128 quantisation of the [E * N, K] rows, (qt, st) against each expert's
  * codes and scales transposed. pair: the rows of each expert from two [E, N / 2, K] halves (x_up), checked
- * against their concatenation. offset: x (and x_up) that many elements into their buffers. */
-void run_weight_case(Rng& rng, int64_t E, int64_t N, int64_t K, int offset, bool pair) {
+ * against their concatenation. offset: x (and x_up) that many elements into their buffers. codes_only: no
+ * transposed copy (qt and scales_t null: mok::quantize_fp8_weight). */
+void run_weight_case(Rng& rng, int64_t E, int64_t N, int64_t K, int offset, bool pair, bool codes_only = false) {
     using namespace mok_qtile;
     const int64_t M = E * N;
     const std::vector<uint16_t> x = make_input(rng, M, K); /* the concatenation, when pair */
@@ -199,7 +200,7 @@ void run_weight_case(Rng& rng, int64_t E, int64_t N, int64_t K, int offset, bool
     std::vector<uint8_t> q((size_t)(M * K), 0xA5), s((size_t)scale_count(k128x128, M, K) * 4, 0xA5);
     std::vector<uint8_t> qt((size_t)(M * K), 0xA5), st(s.size(), 0xA5);
     tile_args a = tile_args_of(reinterpret_cast<const __nv_bfloat16*>(lo.data() + offset), M, K, q.data(), s.data(),
-                               qt.data(), st.data());
+                               codes_only ? nullptr : qt.data(), codes_only ? nullptr : st.data());
     a.col_tile = 1;
     a.batch_rows = N;
     a.vec_t = 1; /* as the launcher: N is a multiple of 128 and the buffer aligned */
@@ -208,13 +209,14 @@ void run_weight_case(Rng& rng, int64_t E, int64_t N, int64_t K, int offset, bool
         a.vec = a.vec && offset % 8 == 0;
     }
     char label[200];
-    snprintf(label, sizeof label, "weight E=%lld N=%lld K=%lld offset=%d pair=%d vec=%d", (long long)E, (long long)N,
-             (long long)K, offset, pair, a.vec);
+    snprintf(label, sizeof label, "weight E=%lld N=%lld K=%lld offset=%d pair=%d vec=%d codes_only=%d", (long long)E,
+             (long long)N, (long long)K, offset, pair, a.vec, codes_only);
     if (!launched(label, (unsigned)tile_count(M, K), [&] { quantize_tile128_rowcol_bf16_kernel(a); })) return;
     std::vector<uint8_t> wq, ws;
     core_quantize(k128x128, x.data(), M, K, wq, ws);
     emu::expect_same(q, wq, std::string(label) + " codes");
     emu::expect_same(s, ws, std::string(label) + " scales");
+    if (codes_only) return; /* (qt and st stay poisoned, unread) */
     const int64_t kb = cdiv(K, 128), nb = N / 128;
     std::vector<uint8_t> wqt((size_t)(M * K)), wst(ws.size());
     for (int64_t e = 0; e < E; ++e) {
@@ -635,6 +637,8 @@ int main(int argc, char** argv) {
             if (!pair || sh[1] % 256 == 0) run_weight_case(rng, sh[0], sh[1], sh[2], 0, pair);
     run_weight_case(rng, 2, 256, 136, 1, false);
     run_weight_case(rng, 2, 256, 136, 3, true);
+    run_weight_case(rng, 3, 256, 200, 0, true, true);
+    run_weight_case(rng, 2, 128, 77, 1, false, true);
     /* unaligned x (element-wise loads) */
     run_case(rng, k1x128, false, 40, 256, 1);
     run_case(rng, kMx, true, 40, 256, 3);

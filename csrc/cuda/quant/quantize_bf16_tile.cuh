@@ -463,7 +463,10 @@ __device__ __forceinline__ void quantize_tile_block(const tile_args& a, const ti
 #pragma unroll
         for (int i = 0; i < kThreads / 32; ++i) tile_m = max(tile_m, s.tile_max[i]);
     /* (the same amax as quantize_tile128_bf16_kernel's: the tile's, folded from columns instead of rows) */
-    if (kWeight) store_tile128_rows(a, t, w, block_scale_of<false>(tile_m));
+    if (kWeight) {
+        store_tile128_rows(a, t, w, block_scale_of<false>(tile_m));
+        if (a.qt == nullptr) return; /* the codes alone (a pair's, without the dgrad's copy) */
+    }
 #pragma unroll
     for (int u = (int)threadIdx.x; u < kTile * kColBlocks; u += kThreads) {
         const int pp = u % kPieces, c = (u / kPieces) % 8, kb = u / kTile;
@@ -552,7 +555,7 @@ __global__ void __launch_bounds__(kThreads) quantize_rowcol_bf16_kernel(const ti
  * quantize(x[e]^T, "blockwise_128x128"), i.e. q[e]^T and scales[e]^T (a tile has one scale both ways).
  * The FP8 forward reads q, the FP8 dgrad qt: one pass instead of quantising, then transposing the codes
  * (1 byte less per element read; performance log v66). With a.x_up, of the pair's concatenation
- * cat([x, x_up], 1) without making it (torchtitan's w1, w3). */
+ * cat([x, x_up], 1) without making it (torchtitan's w1, w3). a.qt null: (q, scales) alone. */
 static __global__ void __launch_bounds__(kThreads) quantize_tile128_rowcol_bf16_kernel(const tile_args a) {
     __shared__ rowcol_smem<128> s;
     const tile_thread t = tile_thread_of(a);
