@@ -133,8 +133,8 @@ def main(argv=None):
     p.add_argument("--requantise", action="store_true",
                    help="drop the weights' cached codes before every timed call (one quantisation per step)")
     p.add_argument("--weight-codes", choices=WEIGHT_CODES, default=None,
-                   help="how the FP8 dgrad's W^T codes are made (default: the library's): torch (quantise, torch's "
-                        "transpose), transpose (mok's byte transpose, v65), fused (one kernel makes both, v66)")
+                   help="how the FP8 dgrad's W^T codes are made (default: the library's, fused): torch (quantise, "
+                        "torch's transpose), transpose (mok's byte transpose, v65), fused (one kernel makes both, v66)")
     common.add_common_args(p, "bench_titan_experts", iters=20, warmup=3)
     args = p.parse_args(argv)
     if args.weight_codes is not None:

@@ -175,12 +175,12 @@ def quantize_expert_weight(w):
     return quantize_weight_blockwise(w.detach())
 
 
-# The FP8 dgrad's W^T codes (transpose_expert_codes, made once per weight version): False (default), torch's
-# strided copy; True, mok's byte-transpose kernel (torch.ops.mok.transpose_fp8_codes, csrc/cuda/transpose_bytes.cu),
-# the same bytes. Opt-in because the kernel is written and tested on the CPU's fallback only: no GPU was lent
-# to run it in the session that wrote it (performance log v65, which also says why it matters: remaking the
-# codes costs ~10 ms per optimizer step on Mixtral with every GEMM in FP8, mostly this copy).
-TRANSPOSE_KERNEL = False
+# The FP8 dgrad's W^T codes from a weight's cached codes (transpose_expert_codes; with FUSED_WEIGHT_CODES only
+# where the codes were cached before the dgrad needed them): True (default), mok's byte-transpose kernel
+# (torch.ops.mok.transpose_fp8_codes, csrc/cuda/transpose_bytes.cu), 0.8x of the copy's bandwidth; False,
+# torch's strided copy of 1-byte elements, 0.09x (9x slower; it made remaking the codes cost ~10 ms per
+# optimizer step on Mixtral with every GEMM in FP8). The same bytes. Performance log v65, H100.
+TRANSPOSE_KERNEL = True
 
 
 def transpose_expert_codes(q, s):
@@ -247,12 +247,13 @@ def cached_expert_weight(w, up=None):
     return _cached(w, _CACHE_ATTR_PAIR, lambda g: quantize_expert_weight_pair(g, up), up)
 
 
-# A weight's codes and its W^T codes for the FP8 dgrad, when both are needed and neither is cached: True, one
-# kernel reads the bf16 weight once and writes both (torch.ops.mok.quantize_fp8_weight_rowcol; for the (w1, w3)
+# A weight's codes and its W^T codes for the FP8 dgrad, when both are needed and neither is cached: True (default),
+# one kernel reads the bf16 weight once and writes both (torch.ops.mok.quantize_fp8_weight_rowcol; for the (w1, w3)
 # pair straight from the two halves, no concatenation), and the pair's codes alone likewise
 # (torch.ops.mok.quantize_fp8_weight); False, the quantisation, the pair's concatenation and
-# transpose_expert_codes. The same bits. Performance log v66.
-FUSED_WEIGHT_CODES = False
+# transpose_expert_codes. The same bits. Performance log v66 (H100: 0.77x the time of quantising then transposing
+# with mok's kernel; the requantised all-FP8 Mixtral step 22.7 -> 21.5 ms with the pair).
+FUSED_WEIGHT_CODES = True
 
 
 def quantize_expert_weight_rowcol(w, up=None):
