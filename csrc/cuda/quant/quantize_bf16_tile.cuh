@@ -154,6 +154,15 @@ __device__ __forceinline__ uint32_t vmax2(uint32_t a, uint32_t b) { return __vma
 __device__ __forceinline__ float lo_f(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float hi_f(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
 
+/* Row i of the thread's block as 8 floats. */
+__device__ __forceinline__ void row_floats(const uint32_t (&w)[8][4], int i, float (&v)[8]) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        v[2 * k] = lo_f(w[i][k]);
+        v[2 * k + 1] = hi_f(w[i][k]);
+    }
+}
+
 /* ---- load: the thread's 8 x 8 block, w[i][k] = bf16 columns 2k (low half) and 2k + 1 of row i ---- */
 
 template <bool kGather = false>
@@ -336,11 +345,7 @@ __device__ __forceinline__ void quantize_rows(const tile_args& a, const tile_thr
         const uint32_t e8 = kMx ? ((i < 4 ? e8_lo : e8_hi) >> (8 * (i & 3))) & 0xFFu : 0u;
         const block_scale b = block_scale_from<kMx>(row_bits(rm, i), s_i, r_i, e8);
         float v[8];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            v[2 * k] = lo_f(w[i][k]);
-            v[2 * k + 1] = hi_f(w[i][k]);
-        }
+        row_floats(w, i, v);
         store8(dst, encode8<kMx>(v, b), a.vec != 0, t.cols);
         if (lead) {
             if (kMx) static_cast<uint8_t*>(a.scales)[s0 + i * nbs] = (uint8_t)b.e8;
@@ -360,11 +365,7 @@ __device__ __forceinline__ void store_tile128_rows(const tile_args& a, const til
     for (int i = 0; i < 8; ++i) {
         if (i >= t.rows) break;
         float v[8];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            v[2 * k] = lo_f(w[i][k]);
-            v[2 * k + 1] = hi_f(w[i][k]);
-        }
+        row_floats(w, i, v);
         store8(dst, encode8<false>(v, b), a.vec != 0, t.cols);
         dst += a.N;
     }
