@@ -91,6 +91,20 @@ def test_weight_codes_of_a_misaligned_weight(device):
     assert_same(ops.quantize_fp8_weight_rowcol(w), reference(w))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_outputs_never_alias(device):
+    # one tile row per expert: the transposed scales [E, kb, 1] are already contiguous as a view of the scales,
+    # but a custom op's outputs may not alias each other or an input (torch.compile refuses them)
+    w = torch.randn(2, 128, 256, device=device, dtype=torch.bfloat16)
+    outs = ops.quantize_fp8_weight_rowcol(w)
+    ptrs = [t.untyped_storage().data_ptr() for t in outs] + [w.untyped_storage().data_ptr()]
+    assert len(set(ptrs)) == len(ptrs)
+    q = torch.randint(0, 255, (2, 1, 64), dtype=torch.uint8, device=device)
+    assert ops.transpose_fp8_codes(q).untyped_storage().data_ptr() != q.untyped_storage().data_ptr()
+    compiled = torch.compile(lambda t: ops.quantize_fp8_weight_rowcol(t), fullgraph=True)
+    assert_same(compiled(w), reference(w))
+
+
 @pytest.mark.parametrize("op", ["quantize_fp8_weight_rowcol", "quantize_fp8_weight"])
 def test_bad_input_names_the_argument(op):
     fn = getattr(ops, op)

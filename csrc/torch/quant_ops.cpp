@@ -425,7 +425,10 @@ RowColTensors weight_codes(const at::Tensor& w, const c10::optional<at::Tensor>&
     q = q.view({E, N, K});
     scales = scales.view({E, N / B, scales.size(1)});
     if (!transposed) return {q, scales, at::Tensor(), at::Tensor()};
-    return {q, scales, q.transpose(1, 2).contiguous(), scales.transpose(1, 2).contiguous()};
+    // (clones: with a dimension of 1 the transpose is already contiguous, and .contiguous() would return an
+    // output aliasing another, which custom ops may not)
+    return {q, scales, q.transpose(1, 2).clone(at::MemoryFormat::Contiguous),
+            scales.transpose(1, 2).clone(at::MemoryFormat::Contiguous)};
 }
 
 RowColTensors quantize_fp8_weight_rowcol(const at::Tensor& w, const c10::optional<at::Tensor>& up) {
@@ -457,7 +460,7 @@ at::Tensor transpose_fp8_codes(const at::Tensor& q) {
         }
     }
 #endif
-    return q.transpose(1, 2).contiguous();
+    return q.transpose(1, 2).clone(at::MemoryFormat::Contiguous); // (never the input itself: R or C may be 1)
 }
 
 }  // namespace
