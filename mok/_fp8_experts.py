@@ -239,12 +239,20 @@ def quantize_expert_weight_pair(gate, up):
     return torch.cat([q_gate, q_up], 1), torch.cat([s_gate, s_up], 1)
 
 
+def _codes_of(w, up=None):
+    """quantize_expert_weight(w), or with up those of the pair's concatenation [E, 2I, H]."""
+    return quantize_expert_weight(w) if up is None else quantize_expert_weight_pair(w, up)
+
+
+def _cache_attrs(up):
+    """The attributes that hold (the codes, the W^T codes) on the weight (the gate, for a pair)."""
+    return (_CACHE_ATTR, _CACHE_ATTR_T) if up is None else (_CACHE_ATTR_PAIR, _CACHE_ATTR_PAIR_T)
+
+
 def cached_expert_weight(w, up=None):
     """quantize_expert_weight(w), or with up those of the pair's concatenation [E, 2I, H], reused while the
     weight (both halves) keeps its storage and version."""
-    if up is None:
-        return _cached(w, _CACHE_ATTR, quantize_expert_weight)
-    return _cached(w, _CACHE_ATTR_PAIR, lambda g: quantize_expert_weight_pair(g, up), up)
+    return _cached(w, _cache_attrs(up)[0], lambda _: _codes_of(w, up), up)
 
 
 # A weight's codes and its W^T codes for the FP8 dgrad, when both are needed and neither is cached: True (default),
@@ -267,17 +275,17 @@ def cached_expert_weight_and_t(w, up=None):
     """(cached_expert_weight(w, up), the codes of w^T per expert for the FP8 dgrad), each reused while the weight
     (both halves) keeps its storage and version; made together where neither is cached (FUSED_WEIGHT_CODES), or
     the W^T codes from the codes (transpose_expert_codes)."""
+    attr, attr_t = _cache_attrs(up)
     made = []
 
     def codes(_):
         if not FUSED_WEIGHT_CODES:
-            return quantize_expert_weight(w) if up is None else quantize_expert_weight_pair(w, up)
+            return _codes_of(w, up)
         made.append(quantize_expert_weight_rowcol(w, up))
         return made[0][0]
 
-    got = _cached(w, _CACHE_ATTR if up is None else _CACHE_ATTR_PAIR, codes, up)
-    got_t = _cached(w, _CACHE_ATTR_T if up is None else _CACHE_ATTR_PAIR_T,
-                    lambda _: made[0][1] if made else transpose_expert_codes(*got), up)
+    got = _cached(w, attr, codes, up)
+    got_t = _cached(w, attr_t, lambda _: made[0][1] if made else transpose_expert_codes(*got), up)
     return got, got_t
 
 

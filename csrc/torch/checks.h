@@ -49,6 +49,18 @@ inline void check_same_device(const at::Tensor& t, const at::Tensor& ref, const 
                       ref.device(), "), got ", t.device());
 }
 
+// The up rows of a gate / up weight held as two tensors (torchtitan's w3 beside w1): the gate's
+// shape, dtype and device, contiguous.
+inline void check_up(const at::Tensor& up, const at::Tensor& gate, const char* op, const char* gate_name) {
+    check_dim(up, 3, op, "up", "[E, I, H] (the up rows)");
+    check_contiguous(up, op, "up");
+    TORCH_CHECK_VALUE(up.scalar_type() == gate.scalar_type(), op, ": up must have ", gate_name, "'s dtype ",
+                      gate.scalar_type(), ", got ", up.scalar_type());
+    check_same_device(up, gate, op, "up", gate_name);
+    TORCH_CHECK_VALUE(up.sizes() == gate.sizes(), op, ": up must have the shape of ", gate_name, " ", shape_str(gate),
+                      " (the gate rows), got shape ", shape_str(up));
+}
+
 inline void check_size(const at::Tensor& t, int64_t dim, int64_t want, const char* op, const char* name,
                        const char* what) {
     TORCH_CHECK_VALUE(t.size(dim) == want, op, ": ", name, ".shape[", dim, "] must be ", want, " (", what, "), got shape ",

@@ -276,17 +276,6 @@ at::Tensor grouped_mm(const at::Tensor& a, const c10::optional<at::Tensor>& a_ga
     });
 }
 
-// The up rows of a gate / up weight held as two tensors (torchtitan's w3 beside w1): the gate's
-// shape, dtype and device, contiguous.
-void check_up(const at::Tensor& up, const at::Tensor& gate, const char* op, const char* gate_name) {
-    check_dim(up, 3, op, "up", "[E, I, H] (the up rows)");
-    check_contiguous(up, op, "up");
-    check_dtype(up, gate.scalar_type(), op, "up");
-    check_same_device(up, gate, op, "up", gate_name);
-    TORCH_CHECK_VALUE(up.sizes() == gate.sizes(), op, ": up must have the shape of ", gate_name, " ", shape_str(gate),
-                      " (the gate rows), got shape ", shape_str(up));
-}
-
 // The checks of a GEMM1 with SwiGLU over x's rows gathered by src_of_row (top_k rows per token),
 // gate_up [E, 2I, H] holding [gate | up] rows, or with up given, gate_up the gate rows [E, I, H] and
 // up the up rows (then N = 2I counts both).

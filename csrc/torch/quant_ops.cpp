@@ -381,14 +381,7 @@ RowColTensors weight_codes(const at::Tensor& w, const c10::optional<at::Tensor>&
     const int64_t B = 128;
     TORCH_CHECK_VALUE(w.size(1) % B == 0, op, ": w.shape[1] (N) must be a multiple of ", B,
                       " so that no 128 x 128 tile spans two experts (or the two halves of a pair), got ", w.size(1));
-    if (up.has_value()) {
-        TORCH_CHECK_VALUE(up->sizes() == w.sizes(), op, ": up must have the shape of w ", shape_str(w), ", got ",
-                          shape_str(*up));
-        TORCH_CHECK_VALUE(up->scalar_type() == w.scalar_type(), op, ": up must have w's dtype ", w.scalar_type(),
-                          ", got ", up->scalar_type());
-        check_same_device(*up, w, op, "up", "w");
-        check_contiguous(*up, op, "up");
-    }
+    if (up.has_value()) check_up(*up, w, op, "w");
     const int64_t E = w.size(0), N = up.has_value() ? 2 * w.size(1) : w.size(1), K = w.size(2);
 #ifdef MOK_WITH_CUDA
     if (w.is_cuda() && dt == MOK_BF16) {
