@@ -52,15 +52,7 @@
 
 namespace mok_sm90_fp8 {
 
-/* MOK_SM90_FP8_EPI_BUFS: each consumer warpgroup's own [64 x 64] epilogue buffers (default: the BF16 kernel's
- * MOK_SM90_EPI_BUFS, 2). A 192-wide plain tile stages 3 chunks per warpgroup, so with 2 buffers its third
- * waits for the store of its first to have read its buffer; 3 buffers take 16 KiB more (still inside the
- * CTA's budget at both tile widths) and each buffer is reused a tile later (performance log v67). */
-#ifndef MOK_SM90_FP8_EPI_BUFS
-#define MOK_SM90_FP8_EPI_BUFS MOK_SM90_EPI_BUFS
-#endif
-enum { kFp8EpiBufs = MOK_SM90_FP8_EPI_BUFS };
-using epi_stager = mok_sm90::epi_stager_n<kFp8EpiBufs>;
+using mok_sm90::epi_stager;
 
 /* Tile widths (performance log v30). The plain forward (MOK_SM90_FP8_BN_FWD) and the weight gradient
  * (MOK_SM90_FP8_BN_WGRAD) run 128 x 192 tiles: 96 + 96 fp32 accumulators per thread, a tile spanning
@@ -218,7 +210,7 @@ struct fp8_tile {
     struct smem_layout {
         uint8_t a[kStages][BM * BK];
         uint8_t b[kStages][BN * BK];
-        __nv_bfloat16 epi[2][kFp8EpiBufs][64 * 64];
+        __nv_bfloat16 epi[2][mok_sm90::kEpiBufs][64 * 64];
         float sa[kStages][BM]; /* A scales of the stage's K-block, one per tile row */
         float sb[kStages][4];  /* the B scales of the stage's K-block: the tile's first and (BN > 128) second
                                   128-column block (padded to 16 bytes); SwiGLU: the gate half's, then the
@@ -383,7 +375,7 @@ struct fp8_tile {
             b_base = mok_smem_u32(&s.b[0][0]);
         }
         __device__ __forceinline__ epi_stager stager(smem_layout& s) const {
-            return mok_sm90::make_epi_stager<kFp8EpiBufs>(mok_smem_u32(&s.epi[wg][0][0]), wg, t);
+            return mok_sm90::make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t);
         }
     };
 

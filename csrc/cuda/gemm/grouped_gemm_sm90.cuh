@@ -200,11 +200,8 @@ __device__ __forceinline__ void release_stage(Layout& s, uint32_t stage) {
  * ---------------------------------------------------------------------------------------------- */
 enum { kLentChunks = 3, EPI_CHUNK_BYTES = 64 * 64 * 2 };
 
-/* kBufs: the warpgroup's own buffers (the BF16 kernel's kEpiBufs; the FP8 kernel chooses its own). */
-template <int kBufs>
-struct epi_stager_n {
-    static_assert(kBufs >= 1, "the epilogue stages its chunks in shared memory");
-    uint32_t bufs;   /* shared address of this warpgroup's kBufs own buffers of 8 KiB */
+struct epi_stager {
+    uint32_t bufs;   /* shared address of this warpgroup's kEpiBufs own buffers of 8 KiB */
     int wg, t;       /* warpgroup (0, 1) and thread in it */
     uint32_t row;    /* byte offset in a buffer of the row this thread addresses for stmatrix */
     uint32_t sw;     /* its 16-byte chunk of column block 0, swizzled (bytes) */
@@ -214,19 +211,17 @@ struct epi_stager_n {
     uint32_t lent_used;      /* chunks of the current tile staged in the lent stage */
     uint32_t own_uses;       /* own-buffer chunks so far */
     /* Stores (bulk groups) are numbered in issue order: groups issued so far; own_last[i] the
-     * group of the own-buffer chunk i + 1 uses back (buffer own_uses % kBufs was last used
-     * kBufs uses back), -1 for none; groups below read_upto have read their buffers (known
+     * group of the own-buffer chunk i + 1 uses back (buffer own_uses % kEpiBufs was last used
+     * kEpiBufs uses back), -1 for none; groups below read_upto have read their buffers (known
      * to every thread: a barrier passed since thread 0 waited), read_pending: thread 0 has waited
      * for them, not yet followed by a barrier. */
     int32_t groups;
-    int32_t own_last[kBufs];
+    int32_t own_last[kEpiBufs];
     int32_t read_upto, read_pending;
 };
-using epi_stager = epi_stager_n<kEpiBufs>;
 
-template <int kBufs = kEpiBufs>
-__device__ __forceinline__ epi_stager_n<kBufs> make_epi_stager(uint32_t bufs, int wg, int t) {
-    epi_stager_n<kBufs> e;
+__device__ __forceinline__ epi_stager make_epi_stager(uint32_t bufs, int wg, int t) {
+    epi_stager e;
     e.bufs = bufs;
     e.wg = wg;
     e.t = t;
@@ -244,7 +239,7 @@ __device__ __forceinline__ epi_stager_n<kBufs> make_epi_stager(uint32_t bufs, in
     e.own_uses = 0;
     e.groups = 0;
 #pragma unroll
-    for (int i = 0; i < kBufs; ++i) e.own_last[i] = -1;
+    for (int i = 0; i < kEpiBufs; ++i) e.own_last[i] = -1;
     e.read_upto = e.read_pending = 0;
     return e;
 }
@@ -265,8 +260,7 @@ __device__ __forceinline__ void bulk_wait_read_at_most(int32_t n) {
 
 /* A tile's epilogue starts; lent: its mainloop lent its last stage (consume_kblocks with lend_last
  * and at least one K-block), so the first chunks go there. */
-template <int kBufs>
-__device__ __forceinline__ void epi_begin_tile(epi_stager_n<kBufs>& e, bool lent) {
+__device__ __forceinline__ void epi_begin_tile(epi_stager& e, bool lent) {
     e.lent_used = 0;
     e.use_lent = MOK_SM90_EPI_LEND && lent && e.lent_stage >= 0;
 }
@@ -274,16 +268,15 @@ __device__ __forceinline__ void epi_begin_tile(epi_stager_n<kBufs>& e, bool lent
 /* The next chunk's buffer, once free: its shared-memory address. A buffer of the lent stage if one
  * is left, else the next own buffer (if its last store may still be reading it, thread 0 waits for
  * that, and a barrier tells the warpgroup). */
-template <int kBufs>
-__device__ __forceinline__ uint32_t epi_acquire(epi_stager_n<kBufs>& e) {
+__device__ __forceinline__ uint32_t epi_acquire(epi_stager& e) {
     if (e.use_lent && e.lent_used < kLentChunks) {
         const uint32_t c = e.lent_used++;
         return c == 0 ? e.lent_a : e.lent_b + (c - 1) * EPI_CHUNK_BYTES;
     }
     const int32_t last = e.own_last[0]; /* the store that last read this buffer */
 #pragma unroll
-    for (int i = 0; i + 1 < kBufs; ++i) e.own_last[i] = e.own_last[i + 1];
-    e.own_last[kBufs - 1] = e.groups; /* this chunk's store */
+    for (int i = 0; i + 1 < kEpiBufs; ++i) e.own_last[i] = e.own_last[i + 1];
+    e.own_last[kEpiBufs - 1] = e.groups; /* this chunk's store */
     if (last >= e.read_upto) {
         const long long t_acquire = MOK_TIMING_NOW();
         if (e.t == 0) bulk_wait_read_at_most(e.groups - 1 - last);
@@ -291,14 +284,14 @@ __device__ __forceinline__ uint32_t epi_acquire(epi_stager_n<kBufs>& e) {
         e.read_upto = last + 1;
         MOK_TIMING_ADD(TIMING_EPI_ACQUIRE, t_acquire);
     }
-    return e.bufs + (e.own_uses++ % kBufs) * EPI_CHUNK_BYTES;
+    return e.bufs + (e.own_uses++ % kEpiBufs) * EPI_CHUNK_BYTES;
 }
 
 /* Writes 64 columns of the warpgroup's 64 rows into the buffer, in the 128B-swizzled layout of the
  * TMA box: frag(ci, h) is this thread's packed bf16 pair of column block ci (8 columns) in row
  * lane / 4 + 8 h of its warp's 16 rows. Four stmatrix per thread. */
-template <int kBufs, typename Frag>
-__device__ __forceinline__ void epi_put_chunk(const epi_stager_n<kBufs>& e, uint32_t buf, Frag&& frag) {
+template <typename Frag>
+__device__ __forceinline__ void epi_put_chunk(const epi_stager& e, uint32_t buf, Frag&& frag) {
     const uint32_t base = buf + e.row;
 #pragma unroll
     for (int k = 0; k < 4; ++k)
@@ -315,8 +308,7 @@ __device__ __forceinline__ uint32_t swiglu_of_rounded(const float* acc, int ig, 
 }
 
 /* Stages accumulator groups [8 j, 8 j + 8) (64 columns) of this thread's rows. */
-template <int kBufs>
-__device__ __forceinline__ uint32_t epi_stage_acc(epi_stager_n<kBufs>& e, const float* acc, int j) {
+__device__ __forceinline__ uint32_t epi_stage_acc(epi_stager& e, const float* acc, int j) {
     const uint32_t buf = epi_acquire(e);
     epi_put_chunk(e, buf, [&](int ci, int h) {
         return pack_bf16x2(acc[(8 * j + ci) * 4 + 2 * h], acc[(8 * j + ci) * 4 + 2 * h + 1]);
@@ -332,13 +324,13 @@ __device__ __forceinline__ uint32_t epi_stage_acc(epi_stager_n<kBufs>& e, const 
  * (Measured, v26: staging the lent chunks first and storing them after one barrier made the plain
  * epilogue slower, 1.0 -> 1.27 us per tile: thread 0 then issues its stores back to back; inferred,
  * not measured directly: a TMA store takes ~0.1 us to issue.) */
-template <bool kFreeNext = false, int kBufs>
-__device__ __forceinline__ void epi_store(epi_stager_n<kBufs>& e, uint32_t buf, const CUtensorMap* map, int32_t c0, int32_t c1,
+template <bool kFreeNext = false>
+__device__ __forceinline__ void epi_store(epi_stager& e, uint32_t buf, const CUtensorMap* map, int32_t c0, int32_t c1,
                                           int32_t c2, int32_t c3 = -1) {
     fence_proxy_async_shared();
     const int32_t next_last = e.own_last[0]; /* the last store of the next own buffer */
     /* (one own buffer: the next chunk's is this one, whose store is not issued yet) */
-    const bool free_next = kFreeNext && kBufs >= 2 && !e.use_lent && next_last >= e.read_upto;
+    const bool free_next = kFreeNext && kEpiBufs >= 2 && !e.use_lent && next_last >= e.read_upto;
     if (free_next && e.t == 0) bulk_wait_read_at_most(e.groups - 1 - next_last);
     named_barrier_sync(1 + e.wg, 128);
     if (free_next) e.read_upto = next_last + 1;
@@ -400,8 +392,7 @@ __device__ __forceinline__ void epi_return_stage(Layout& s, epi_stager& e) {
 
 /* The warpgroup's last store: the shared memory must outlive the reads (and a lent stage is not
  * needed any more: the producer is done). */
-template <int kBufs>
-__device__ __forceinline__ void epi_finish(epi_stager_n<kBufs>& e) {
+__device__ __forceinline__ void epi_finish(epi_stager& e) {
     if (e.t == 0) bulk_wait_group<0>();
 }
 
