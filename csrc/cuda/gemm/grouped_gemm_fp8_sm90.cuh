@@ -54,6 +54,19 @@ namespace mok_sm90_fp8 {
 
 using mok_sm90::epi_stager;
 
+/* MOK_SM90_FP8_EPI_TILE=1 (an opt-in experiment, performance log v68): a plain tile's epilogue (forward and
+ * weight gradient) stages all of a warpgroup's chunks into its own buffers (3 per warpgroup, 16 KiB more
+ * shared memory), makes them visible with one proxy fence and one barrier, and issues chunk j's TMA store
+ * from lane 0 of the warpgroup's warp j, so the stores go out in parallel instead of one barrier, fence and
+ * store issue by thread 0 per chunk. A buffer is reused a tile later, once its issuing lane has seen its
+ * store read it. v67's timing build put a Qwen3 GEMM2 tile's epilogue at 1566 of 8045 cycles, nearly all of
+ * it staging, not waiting for stores. The SwiGLU variant's epilogue keeps the stager (2 of the buffers). */
+#ifndef MOK_SM90_FP8_EPI_TILE
+#define MOK_SM90_FP8_EPI_TILE 0
+#endif
+enum { kFp8EpiBufs = MOK_SM90_FP8_EPI_TILE ? 3 : mok_sm90::kEpiBufs };
+static_assert(kFp8EpiBufs >= mok_sm90::kEpiBufs, "the stager's buffers come first");
+
 /* Tile widths (performance log v30). The plain forward (MOK_SM90_FP8_BN_FWD) and the weight gradient
  * (MOK_SM90_FP8_BN_WGRAD) run 128 x 192 tiles: 96 + 96 fp32 accumulators per thread, a tile spanning
  * two 128-wide scale blocks of B (forward), and 13% fewer shared-memory bytes per MAC than 128 x 128
@@ -210,7 +223,7 @@ struct fp8_tile {
     struct smem_layout {
         uint8_t a[kStages][BM * BK];
         uint8_t b[kStages][BN * BK];
-        __nv_bfloat16 epi[2][mok_sm90::kEpiBufs][64 * 64];
+        __nv_bfloat16 epi[2][kFp8EpiBufs][64 * 64]; /* [consumer warpgroup][buffer] */
         float sa[kStages][BM]; /* A scales of the stage's K-block, one per tile row */
         float sb[kStages][4];  /* the B scales of the stage's K-block: the tile's first and (BN > 128) second
                                   128-column block (padded to 16 bytes); SwiGLU: the gate half's, then the
@@ -378,6 +391,40 @@ struct fp8_tile {
             return mok_sm90::make_epi_stager(mok_smem_u32(&s.epi[wg][0][0]), wg, t);
         }
     };
+
+    /* MOK_SM90_FP8_EPI_TILE's plain-tile epilogue of one warpgroup: its n <= BN / 64 chunks of [64 x 64]
+     * (accumulator groups 8 j .. 8 j + 7) staged at once, then chunk j stored as the box at coords(j) (an
+     * int3, or an int4 whose w < 0 means a 3-D map) by lane 0 of warp j. bufs: the warpgroup's first own
+     * buffer; e: its stager (the thread's stmatrix addressing). */
+    template <typename Coords>
+    static __device__ __forceinline__ void store_tile_staged(const epi_stager& e, uint32_t bufs, const float* acc,
+                                                             int n, const CUtensorMap* map, Coords&& coords) {
+        static_assert(BN / 64 <= kFp8EpiBufs, "a buffer per chunk of the tile");
+        const int warp = e.t >> 5, lane = e.t & 31;
+        /* each buffer's last store (a tile ago) has read it: its issuing lane waits, the warpgroup meets */
+        if (lane == 0 && warp < BN / 64) bulk_wait_group_read<0>();
+        named_barrier_sync(1 + e.wg, 128);
+#pragma unroll
+        for (int j = 0; j < BN / 64; ++j) {
+            if (j >= n) break;
+            mok_sm90::epi_put_chunk(e, bufs + (uint32_t)j * mok_sm90::EPI_CHUNK_BYTES, [&](int ci, int h) {
+                return pack_bf16x2(acc[(8 * j + ci) * 4 + 2 * h], acc[(8 * j + ci) * 4 + 2 * h + 1]);
+            });
+        }
+        fence_proxy_async_shared();
+        named_barrier_sync(1 + e.wg, 128);
+        if (lane == 0 && warp < n && MOK_SM90_SKIP_EPILOGUE != 2) {
+            const auto c = coords(warp);
+            const uint32_t buf = bufs + (uint32_t)warp * mok_sm90::EPI_CHUNK_BYTES;
+            if constexpr (sizeof(c) == sizeof(int4)) {
+                if (c.w >= 0) tma_store_4d(map, buf, c.x, c.y, c.z, c.w);
+                else tma_store_3d(map, buf, c.x, c.y, c.z);
+            } else {
+                tma_store_3d(map, buf, c.x, c.y, c.z);
+            }
+            bulk_commit_group();
+        }
+    }
 
     /* The consumer's ring position. */
     struct ring_pos {
@@ -601,6 +648,10 @@ struct fp8_tile {
                 const long long t_epi = MOK_TIMING_NOW();
                 if (kSwiGLU) {
                     store_swiglu_tile(epi, p, acc, tile.n_tile, (int32_t)row0, tma_out, tma_act);
+                } else if constexpr (MOK_SM90_FP8_EPI_TILE != 0) {
+                    const int64_t c0 = tile.n_tile * BN, left = (p.N - c0 + 63) / 64;
+                    store_tile_staged(epi, mok_smem_u32(&s.epi[me.wg][0][0]), acc, (int)(left < BN / 64 ? left : BN / 64),
+                                      tma_out, [&](int j) { return make_int3((int)c0 + 64 * j, (int)row0, 0); });
                 } else {
 #pragma unroll
                     for (int j = 0; j < BN / 64; ++j) {
@@ -615,6 +666,7 @@ struct fp8_tile {
             if (!MOK_SM90_FP8_EPI_OVERLAP && have && nkb > 0) issue(pos);
         }
         mok_sm90::epi_finish(epi);
+        if (MOK_SM90_FP8_EPI_TILE && me.lane == 0) bulk_wait_group<0>(); /* the staged tiles' stores */
     }
 
     /* ------------------------------------------------------------------------------------------------
@@ -745,15 +797,22 @@ struct fp8_tile {
             const int32_t half = p.split_rows && m0 >= p.split_rows ? 1 : 0;
             const int32_t mm = (int32_t)(m0 - half * p.split_rows);
             const int32_t plane = p.split_rows ? half ^ p.split_flip : -1;
+            if constexpr (MOK_SM90_FP8_EPI_TILE != 0) {
+                const int64_t c0 = tile.n_tile * BN, left = (p.N - c0 + 63) / 64;
+                store_tile_staged(epi, mok_smem_u32(&s.epi[me.wg][0][0]), acc, (int)(left < BN / 64 ? left : BN / 64),
+                                  tma_out, [&](int j) { return make_int4((int)c0 + 64 * j, mm, (int)tile.group, plane); });
+            } else {
 #pragma unroll
-            for (int j = 0; j < BN / 64; ++j) {
-                const int32_t c = (int32_t)(tile.n_tile * BN + 64 * j);
-                if (c >= p.N) break;
-                const uint32_t buf = mok_sm90::epi_stage_acc(epi, acc, j);
-                mok_sm90::epi_store<true>(epi, buf, tma_out, c, mm, (int32_t)tile.group, plane);
+                for (int j = 0; j < BN / 64; ++j) {
+                    const int32_t c = (int32_t)(tile.n_tile * BN + 64 * j);
+                    if (c >= p.N) break;
+                    const uint32_t buf = mok_sm90::epi_stage_acc(epi, acc, j);
+                    mok_sm90::epi_store<true>(epi, buf, tma_out, c, mm, (int32_t)tile.group, plane);
+                }
             }
         }
         mok_sm90::epi_finish(epi);
+        if (MOK_SM90_FP8_EPI_TILE && me.lane == 0) bulk_wait_group<0>(); /* the staged tiles' stores */
     }
 
 };  // struct fp8_tile
