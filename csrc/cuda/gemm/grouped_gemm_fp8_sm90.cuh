@@ -64,8 +64,8 @@ using mok_sm90::epi_stager;
 #ifndef MOK_SM90_FP8_EPI_TILE
 #define MOK_SM90_FP8_EPI_TILE 0
 #endif
-enum { kFp8EpiBufs = MOK_SM90_FP8_EPI_TILE ? 3 : mok_sm90::kEpiBufs };
-static_assert(kFp8EpiBufs >= mok_sm90::kEpiBufs, "the stager's buffers come first");
+constexpr int kFp8EpiBufs = MOK_SM90_FP8_EPI_TILE ? 3 : (int)mok_sm90::kEpiBufs;
+static_assert(kFp8EpiBufs >= (int)mok_sm90::kEpiBufs, "the stager's buffers come first");
 
 /* Tile widths (performance log v30). The plain forward (MOK_SM90_FP8_BN_FWD) and the weight gradient
  * (MOK_SM90_FP8_BN_WGRAD) run 128 x 192 tiles: 96 + 96 fp32 accumulators per thread, a tile spanning
