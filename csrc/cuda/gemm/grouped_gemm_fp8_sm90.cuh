@@ -392,14 +392,17 @@ struct fp8_tile {
         }
     };
 
-    /* MOK_SM90_FP8_EPI_TILE's plain-tile epilogue of one warpgroup: its n <= BN / 64 chunks of [64 x 64]
-     * (accumulator groups 8 j .. 8 j + 7) staged at once, then chunk j stored as the box at coords(j) (an
-     * int3, or an int4 whose w < 0 means a 3-D map) by lane 0 of warp j. bufs: the warpgroup's first own
-     * buffer; e: its stager (the thread's stmatrix addressing). */
+    /* MOK_SM90_FP8_EPI_TILE's plain-tile epilogue of one warpgroup: the [64 x 64] chunks of its tile at
+     * columns c0 + 64 j below N (accumulator groups 8 j .. 8 j + 7) staged at once, then chunk j stored as
+     * the box at coords(c0 + 64 j) (an int3, or an int4 whose w < 0 means a 3-D map) by lane 0 of warp j.
+     * bufs: the warpgroup's first own buffer; e: its stager (the thread's stmatrix addressing). */
     template <typename Coords>
     static __device__ __forceinline__ void store_tile_staged(const epi_stager& e, uint32_t bufs, const float* acc,
-                                                             int n, const CUtensorMap* map, Coords&& coords) {
+                                                             int64_t c0, int64_t N, const CUtensorMap* map,
+                                                             Coords&& coords) {
         static_assert(BN / 64 <= kFp8EpiBufs, "a buffer per chunk of the tile");
+        const int64_t left = (N - c0 + 63) / 64;
+        const int n = (int)(left < BN / 64 ? left : BN / 64);
         const int warp = e.t >> 5, lane = e.t & 31;
         /* each buffer's last store (a tile ago) has read it: its issuing lane waits, the warpgroup meets */
         if (lane == 0 && warp < BN / 64) bulk_wait_group_read<0>();
@@ -414,7 +417,7 @@ struct fp8_tile {
         fence_proxy_async_shared();
         named_barrier_sync(1 + e.wg, 128);
         if (lane == 0 && warp < n && MOK_SM90_SKIP_EPILOGUE != 2) {
-            const auto c = coords(warp);
+            const auto c = coords((int32_t)(c0 + 64 * warp));
             const uint32_t buf = bufs + (uint32_t)warp * mok_sm90::EPI_CHUNK_BYTES;
             if constexpr (sizeof(c) == sizeof(int4)) {
                 if (c.w >= 0) tma_store_4d(map, buf, c.x, c.y, c.z, c.w);
@@ -649,9 +652,8 @@ struct fp8_tile {
                 if (kSwiGLU) {
                     store_swiglu_tile(epi, p, acc, tile.n_tile, (int32_t)row0, tma_out, tma_act);
                 } else if constexpr (MOK_SM90_FP8_EPI_TILE != 0) {
-                    const int64_t c0 = tile.n_tile * BN, left = (p.N - c0 + 63) / 64;
-                    store_tile_staged(epi, mok_smem_u32(&s.epi[me.wg][0][0]), acc, (int)(left < BN / 64 ? left : BN / 64),
-                                      tma_out, [&](int j) { return make_int3((int)c0 + 64 * j, (int)row0, 0); });
+                    store_tile_staged(epi, mok_smem_u32(&s.epi[me.wg][0][0]), acc, tile.n_tile * BN, p.N, tma_out,
+                                      [&](int32_t c) { return make_int3(c, (int32_t)row0, 0); });
                 } else {
 #pragma unroll
                     for (int j = 0; j < BN / 64; ++j) {
@@ -798,9 +800,8 @@ struct fp8_tile {
             const int32_t mm = (int32_t)(m0 - half * p.split_rows);
             const int32_t plane = p.split_rows ? half ^ p.split_flip : -1;
             if constexpr (MOK_SM90_FP8_EPI_TILE != 0) {
-                const int64_t c0 = tile.n_tile * BN, left = (p.N - c0 + 63) / 64;
-                store_tile_staged(epi, mok_smem_u32(&s.epi[me.wg][0][0]), acc, (int)(left < BN / 64 ? left : BN / 64),
-                                  tma_out, [&](int j) { return make_int4((int)c0 + 64 * j, mm, (int)tile.group, plane); });
+                store_tile_staged(epi, mok_smem_u32(&s.epi[me.wg][0][0]), acc, tile.n_tile * BN, p.N, tma_out,
+                                  [&](int32_t c) { return make_int4(c, mm, (int32_t)tile.group, plane); });
             } else {
 #pragma unroll
                 for (int j = 0; j < BN / 64; ++j) {
