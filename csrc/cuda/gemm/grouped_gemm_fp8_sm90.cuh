@@ -429,6 +429,13 @@ struct fp8_tile {
         }
     }
 
+    /* The warpgroup's last stores have read their buffers (the stager's, and with MOK_SM90_FP8_EPI_TILE each
+     * issuing lane's), so the shared memory may go. */
+    static __device__ __forceinline__ void finish_epilogue(epi_stager& e) {
+        mok_sm90::epi_finish(e);
+        if (MOK_SM90_FP8_EPI_TILE && (e.t & 31) == 0) bulk_wait_group<0>();
+    }
+
     /* The consumer's ring position. */
     struct ring_pos {
         uint32_t stage = 0, phase = 0;
@@ -667,8 +674,7 @@ struct fp8_tile {
             }
             if (!MOK_SM90_FP8_EPI_OVERLAP && have && nkb > 0) issue(pos);
         }
-        mok_sm90::epi_finish(epi);
-        if (MOK_SM90_FP8_EPI_TILE && me.lane == 0) bulk_wait_group<0>(); /* the staged tiles' stores */
+        finish_epilogue(epi);
     }
 
     /* ------------------------------------------------------------------------------------------------
@@ -812,8 +818,7 @@ struct fp8_tile {
                 }
             }
         }
-        mok_sm90::epi_finish(epi);
-        if (MOK_SM90_FP8_EPI_TILE && me.lane == 0) bulk_wait_group<0>(); /* the staged tiles' stores */
+        finish_epilogue(epi);
     }
 
 };  // struct fp8_tile
