@@ -577,7 +577,11 @@ def test_mxfp8_experts_really_quantise(case):
     (x, idx, w, gu, dn), y = _run(case, "cpu")
     y_bf16 = mok.functional.moe_experts(x, idx, w, gu, dn)
     assert rel_err(y, y_bf16) > TOL_QUANTISED
-    assert rel_err(y, R.moe_experts(*(t.detach().double() for t in (x, idx, w, gu, dn)))) < 0.3
+    # Against float64 the bound only rules out garbage (an all-zero output gives 1.0). It is loose
+    # because the octave inputs make some of h's sums cancel (|W||x| / |h| up to ~55), and E4M3's ~6%
+    # per element then moves a token's whole row: measured on the CPU over 6000 draws of each case,
+    # median 0.067-0.068, 99th percentile 0.12-0.16, largest 0.24-0.44 (0.30 failed CI once with 0.325)
+    assert rel_err(y, R.moe_experts(*(t.detach().double() for t in (x, idx, w, gu, dn)))) < 0.75
     g = make_grad(y)
     # NOTE: the upper bound only rules out garbage (correctness: the exact emulation tests above); on
     # these tiny shapes with heavy-tailed inputs a gradient's sums cancel, and MXFP8 against BF16
