@@ -394,7 +394,7 @@ struct fp8_tile {
 
     /* MOK_SM90_FP8_EPI_TILE's plain-tile epilogue of one warpgroup: the [64 x 64] chunks of its tile at
      * columns c0 + 64 j below N (accumulator groups 8 j .. 8 j + 7) staged at once, then chunk j stored as
-     * the box at coords(c0 + 64 j) (an int3, or an int4 whose w < 0 means a 3-D map) by lane 0 of warp j.
+     * the box at coords(c0 + 64 j) (an int4, epi_store_box's c0..c3) by lane 0 of warp j.
      * bufs: the warpgroup's first own buffer; e: its stager (the thread's stmatrix addressing). */
     template <typename Coords>
     static __device__ __forceinline__ void store_tile_staged(const epi_stager& e, uint32_t bufs, const float* acc,
@@ -410,21 +410,13 @@ struct fp8_tile {
 #pragma unroll
         for (int j = 0; j < BN / 64; ++j) {
             if (j >= n) break;
-            mok_sm90::epi_put_chunk(e, bufs + (uint32_t)j * mok_sm90::EPI_CHUNK_BYTES, [&](int ci, int h) {
-                return pack_bf16x2(acc[(8 * j + ci) * 4 + 2 * h], acc[(8 * j + ci) * 4 + 2 * h + 1]);
-            });
+            mok_sm90::epi_put_acc(e, bufs + (uint32_t)j * mok_sm90::EPI_CHUNK_BYTES, acc, j);
         }
         fence_proxy_async_shared();
         named_barrier_sync(1 + e.wg, 128);
         if (lane == 0 && warp < n && MOK_SM90_SKIP_EPILOGUE != 2) {
-            const auto c = coords((int32_t)(c0 + 64 * warp));
-            const uint32_t buf = bufs + (uint32_t)warp * mok_sm90::EPI_CHUNK_BYTES;
-            if constexpr (sizeof(c) == sizeof(int4)) {
-                if (c.w >= 0) tma_store_4d(map, buf, c.x, c.y, c.z, c.w);
-                else tma_store_3d(map, buf, c.x, c.y, c.z);
-            } else {
-                tma_store_3d(map, buf, c.x, c.y, c.z);
-            }
+            const int4 c = coords((int32_t)(c0 + 64 * warp));
+            mok_sm90::epi_store_box(map, bufs + (uint32_t)warp * mok_sm90::EPI_CHUNK_BYTES, c.x, c.y, c.z, c.w);
             bulk_commit_group();
         }
     }
@@ -660,7 +652,7 @@ struct fp8_tile {
                     store_swiglu_tile(epi, p, acc, tile.n_tile, (int32_t)row0, tma_out, tma_act);
                 } else if constexpr (MOK_SM90_FP8_EPI_TILE != 0) {
                     store_tile_staged(epi, mok_smem_u32(&s.epi[me.wg][0][0]), acc, tile.n_tile * BN, p.N, tma_out,
-                                      [&](int32_t c) { return make_int3(c, (int32_t)row0, 0); });
+                                      [&](int32_t c) { return make_int4(c, (int32_t)row0, 0, -1); });
                 } else {
 #pragma unroll
                     for (int j = 0; j < BN / 64; ++j) {

@@ -307,13 +307,29 @@ __device__ __forceinline__ uint32_t swiglu_of_rounded(const float* acc, int ig, 
     return pack_bf16x2(mok_swiglu(bf16x2_lo(g), bf16x2_lo(u)), mok_swiglu(bf16x2_hi(g), bf16x2_hi(u)));
 }
 
-/* Stages accumulator groups [8 j, 8 j + 8) (64 columns) of this thread's rows. */
-__device__ __forceinline__ uint32_t epi_stage_acc(epi_stager& e, const float* acc, int j) {
-    const uint32_t buf = epi_acquire(e);
+/* Writes accumulator groups [8 j, 8 j + 8) (64 columns) of this thread's rows into buf, as bf16. */
+__device__ __forceinline__ void epi_put_acc(const epi_stager& e, uint32_t buf, const float* acc, int j) {
     epi_put_chunk(e, buf, [&](int ci, int h) {
         return pack_bf16x2(acc[(8 * j + ci) * 4 + 2 * h], acc[(8 * j + ci) * 4 + 2 * h + 1]);
     });
+}
+
+/* Stages accumulator groups [8 j, 8 j + 8) (64 columns) of this thread's rows in the next buffer. */
+__device__ __forceinline__ uint32_t epi_stage_acc(epi_stager& e, const float* acc, int j) {
+    const uint32_t buf = epi_acquire(e);
+    epi_put_acc(e, buf, acc, j);
     return buf;
+}
+
+/* Issues the TMA store of the staged chunk in buf as the box at (c0, c1, c2) of a 3-D map, or at
+ * (c0, c1, c2, c3) of a 4-D one (the weight gradient's split output) when c3 >= 0. */
+__device__ __forceinline__ void epi_store_box(const CUtensorMap* map, uint32_t buf, int32_t c0, int32_t c1, int32_t c2,
+                                              int32_t c3 = -1) {
+    if (c3 >= 0) {
+        tma_store_4d(map, buf, c0, c1, c2, c3);
+    } else {
+        tma_store_3d(map, buf, c0, c1, c2);
+    }
 }
 
 /* Stores the staged chunk in buf as the box at (c0, c1, c2) of map: every thread's writes made
@@ -336,11 +352,7 @@ __device__ __forceinline__ void epi_store(epi_stager& e, uint32_t buf, const CUt
     if (free_next) e.read_upto = next_last + 1;
     e.read_upto = e.read_pending > e.read_upto ? e.read_pending : e.read_upto;
     if (e.t == 0 && MOK_SM90_SKIP_EPILOGUE != 2) {
-        if (c3 >= 0) { /* a 4-D map (the weight gradient's split output) */
-            tma_store_4d(map, buf, c0, c1, c2, c3);
-        } else {
-            tma_store_3d(map, buf, c0, c1, c2);
-        }
+        epi_store_box(map, buf, c0, c1, c2, c3);
         bulk_commit_group();
     }
     ++e.groups;
