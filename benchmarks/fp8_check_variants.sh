@@ -17,6 +17,9 @@
 # TOOL=bf16 builds and times the BF16 kernel's standalone timer (benchmarks/sm90_gemm_timing.cu) the
 # same way; its PROBLEMS read R E N K [swiglu|nn|wgrad] and its outputs are not checked (the GPU
 # suite checks that kernel), so its cells say "unchecked".
+# A variant built with -DMOK_SM90_TIMING (the kernel's cycle counters, performance log v31) keeps its cycles per
+# tile (mainloop, full-stage waits, drain, promotion, epilogue) in its run's line; read its shares, not its
+# TFLOP/s (the counters cost ~17%).
 # Output: one line per run and a table of TFLOP/s (median over rounds) at the end; the raw lines
 # also go to $OUT/fp8_check_variants.txt (TOOL=bf16: $OUT/bf16_timing_variants.txt) when OUT is set.
 set -uo pipefail
@@ -67,7 +70,8 @@ for round in $(seq 1 "$ROUNDS"); do
         name=${v%%:*}
         for prob in "${probs[@]}"; do
             # shellcheck disable=SC2086
-            line=$("$BIN/$name" ${WGRAD:+wgrad} $prob 2>&1 | grep -E '^(wgrad )?R=|FAIL|error|does not take' | tr '\n' ' ')
+            line=$("$BIN/$name" ${WGRAD:+wgrad} $prob 2>&1 | grep -E '^(wgrad )?R=|FAIL|error|does not take| cycles ' |
+                tr -s ' ' | tr '\n' ' ')
             echo "$name round $round: $line" | tee -a "$LOG"
         done
     done

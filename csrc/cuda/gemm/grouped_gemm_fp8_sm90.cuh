@@ -177,6 +177,18 @@ enum { kFwdFullArrivals = 1 + 128 };
 #define MOK_SM90_FP8_NO_PROMOTE 0
 #endif
 
+/* MOK_SM90_FP8_HALF_PIPE=1 (an opt-in experiment, performance log v69): a plain 192-wide forward tile runs each
+ * K-block as two commit groups, its 96-column halves (m64n96k32, 48 of part's registers each), and promotes one
+ * half while the other is on the tensor cores: lo(kb) retires, is promoted while hi(kb) runs; lo(kb + 1) is
+ * issued, hi(kb) retires and is promoted while lo(kb + 1) runs; then hi(kb + 1) is issued. The warpgroup thus
+ * always has MMA queued while it promotes, with no more registers (v16 and v24 gave K-block kb + 1 a second
+ * whole partial accumulator instead: 64 more registers, slower). The timing build (v67) put 34% of a long-K
+ * tile's mainloop in the drain and 24% in the promotion. */
+#ifndef MOK_SM90_FP8_HALF_PIPE
+#define MOK_SM90_FP8_HALF_PIPE 0
+#endif
+static_assert(!(MOK_SM90_FP8_HALF_PIPE && MOK_SM90_FP8_NO_PROMOTE), "the timing bounds use whole K-blocks");
+
 /* The consumer warpgroup's index (0, 1), warp-uniform for ptxas (a shuffle from lane 0): the A
  * descriptors derived from it then live in uniform registers (no R2UR per wgmma). */
 __device__ __forceinline__ int consumer_wg() { return __shfl_sync(0xFFFFFFFFu, (int)(threadIdx.x / 128), 0) - 1; }
@@ -373,6 +385,44 @@ struct fp8_tile {
         }
     }
 
+    /* MOK_SM90_FP8_HALF_PIPE: half kH (0: columns [0, BN / 2), 1: [BN / 2, BN)) of one K-block into half, one
+     * commit group (B's half kH starts BN / 2 rows, a whole number of 8-row swizzle atoms, into the stage). */
+    template <int kH>
+    static __device__ __forceinline__ void mma_half(float (&half)[BN / 4], uint32_t a_addr, uint32_t b_addr) {
+        static_assert(BN == 192, "96-column halves");
+#pragma unroll
+        for (int i = 0; i < BN / 4; ++i) wgmma_fence_operand(half[i]);
+        wgmma_fence();
+        const uint64_t da0 = wgmma_desc_kmajor_sw128(a_addr);
+        const uint64_t db0 = wgmma_desc_kmajor_sw128(b_addr + (uint32_t)(kH * (BN / 2) * BK));
+#pragma unroll
+        for (int k32 = 0; k32 < BK / 32; ++k32) {
+            const uint64_t da = da0 + (uint64_t)(k32 * 32 >> 4), db = db0 + (uint64_t)(k32 * 32 >> 4);
+            wgmma_m64n96k32_f32_e4m3(half, da, db, k32 > 0 ? 1 : 0);
+        }
+        wgmma_commit_group();
+    }
+
+    /* promote() of half kH: its 8-column groups are the tile's groups 12 kH .. 12 kH + 11 (acc's registers
+     * 48 kH ..). NOTE: half's commit group must have retired. */
+    template <int kH, int kSplitA, bool kFirst>
+    static __device__ __forceinline__ void promote_half(float (&acc)[BN / 2], float (&half)[BN / 4],
+                                                        const kblock_scales& sc) {
+#pragma unroll
+        for (int i = 0; i < BN / 4; ++i) wgmma_fence_operand(half[i]);
+        const float s0[2] = {sc.sa0 * sc.sb0, sc.sa0 * sc.sb1};
+        const float s1[2] = {sc.sa1 * sc.sb0, sc.sa1 * sc.sb1};
+#pragma unroll
+        for (int i = 0; i < BN / 4; i += 4) {
+            const int q = scale_slot<false, kSplitA, 0>(kH * (BN / 16) + i / 4);
+            float* a = &acc[kH * (BN / 4) + i];
+            a[0] = kFirst ? half[i] * s0[q] : fmaf(half[i], s0[q], a[0]);
+            a[1] = kFirst ? half[i + 1] * s0[q] : fmaf(half[i + 1], s0[q], a[1]);
+            a[2] = kFirst ? half[i + 2] * s1[q] : fmaf(half[i + 2], s1[q], a[2]);
+            a[3] = kFirst ? half[i + 3] * s1[q] : fmaf(half[i + 3], s1[q], a[3]);
+        }
+    }
+
     /* A consumer thread's place: its warpgroup (0, 1), thread and lane in it, its accumulator rows
      * (r_lo, r_lo + 8), the shared addresses of its A rows and of B in stage 0, and its epilogue
      * buffers (the forward's and the weight gradient's consumers both start from it). */
@@ -512,10 +562,12 @@ struct fp8_tile {
         const consumer_thread me(s); /* its rows: me.r_lo, me.r_lo + 8 */
         ring_pos pos;
         float part[BN / 2], acc[BN / 2];
+        constexpr bool kHalfPipe = MOK_SM90_FP8_HALF_PIPE && !kSwiGLU && BN == 192;
+        float part_lo[BN / 4], part_hi[BN / 4]; /* kHalfPipe's halves of part */
         epi_stager epi = me.stager(s);
         kblock_scales sc; /* the scales of the K-block in flight */
-        /* issue K-block wgmma for the stage at pos (after its bytes have landed) */
-        auto issue = [&](const ring_pos& at) {
+        /* wait for the stage at `at` to land and read its K-block's scales into sc */
+        auto land = [&](const ring_pos& at) {
             const long long t_wait = MOK_TIMING_NOW();
             mbarrier_wait_parity(&s.full[at.stage], at.phase);
             MOK_TIMING_ADD(mok_sm90::TIMING_FULL_WAIT, t_wait);
@@ -527,7 +579,12 @@ struct fp8_tile {
                 sc.sb2 = ld_shared_f32(&s.sb[at.stage][2]);
                 sc.sb3 = ld_shared_f32(&s.sb[at.stage][3]);
             }
-            mma_kblock(part, me.a_base + at.stage * STAGE_A_BYTES, me.b_base + at.stage * STAGE_B_BYTES);
+        };
+        /* issue K-block wgmma for the stage at pos (after its bytes have landed) */
+        auto issue = [&](const ring_pos& at) {
+            land(at);
+            const uint32_t a = me.a_base + at.stage * STAGE_A_BYTES, b = me.b_base + at.stage * STAGE_B_BYTES;
+            mma_kblock(part, a, b);
         };
         /* wait for the K-block in flight (at pos), hand its stage back (one arrival per consumer warp: its
          * tiles are read) and promote it */
@@ -552,7 +609,72 @@ struct fp8_tile {
         };
         /* the nkb > 0 K-blocks of a tile whose first K-block is in flight; split_a, split_b: its scale
          * blocks' splits (scale_slot) */
+        /* kHalfPipe's K-block at pos (kPair: and the next one), issued here as two halves each, lo and hi, each
+         * half promoted while the tensor cores run the next commit group. No group stays in flight past it: with
+         * one in flight across a loop's back edge, ptxas serialises every wgmma of the kernel (C7514) as soon as
+         * a promotion reads a half while another group runs. So only the last of four half-promotions of a pair
+         * runs with no MMA of this warpgroup queued (one of two for an unpaired K-block), and the tile's first
+         * K-block is not issued under the previous tile's epilogue (v31: that overlap gained nothing on plain
+         * tiles). */
+        auto kblocks_halves = [&](auto split_a, auto first_c, auto pair_c) {
+            constexpr int kSplit = decltype(split_a)::value;
+            constexpr bool kPair = decltype(pair_c)::value;
+            auto stage_a = [&](const ring_pos& at) { return me.a_base + at.stage * STAGE_A_BYTES; };
+            auto stage_b = [&](const ring_pos& at) { return me.b_base + at.stage * STAGE_B_BYTES; };
+            auto drain = [&](auto pending_c) {
+                const long long t = MOK_TIMING_NOW();
+                wgmma_wait_group<decltype(pending_c)::value>();
+                MOK_TIMING_ADD(mok_sm90::TIMING_DRAIN, t);
+            };
+            auto promote_lo = [&](auto first, const kblock_scales& k) {
+                const long long t = MOK_TIMING_NOW();
+                promote_half<0, kSplit, decltype(first)::value>(acc, part_lo, k);
+                MOK_TIMING_ADD(mok_sm90::TIMING_PROMOTE, t);
+            };
+            auto promote_hi = [&](auto first, const kblock_scales& k, const ring_pos& done) {
+                const long long t = MOK_TIMING_NOW();
+                if (me.lane == 0) release_stage<kCluster>(s, done.stage); /* both halves have read it */
+                promote_half<1, kSplit, decltype(first)::value>(acc, part_hi, k);
+                MOK_TIMING_ADD(mok_sm90::TIMING_PROMOTE, t);
+            };
+            land(pos);
+            const kblock_scales k0 = sc;
+            mma_half<0>(part_lo, stage_a(pos), stage_b(pos));
+            mma_half<1>(part_hi, stage_a(pos), stage_b(pos));
+            ring_pos next = pos;
+            next.advance();
+            drain(int_c<1>{});
+            promote_lo(first_c, k0);
+            if constexpr (kPair) {
+                land(next);
+                const kblock_scales k1 = sc;
+                mma_half<0>(part_lo, stage_a(next), stage_b(next));
+                drain(int_c<1>{});
+                promote_hi(first_c, k0, pos);
+                mma_half<1>(part_hi, stage_a(next), stage_b(next));
+                drain(int_c<1>{});
+                promote_lo(int_c<0>{}, k1);
+                drain(int_c<0>{});
+                promote_hi(int_c<0>{}, k1, next);
+                next.advance();
+            } else {
+                drain(int_c<0>{});
+                promote_hi(first_c, k0, pos);
+            }
+            pos = next;
+        };
         auto mainloop = [&](auto split_a, auto split_b, int nkb) {
+            if constexpr (kHalfPipe) { /* (no K-block in flight: kblocks_halves issues its own) */
+                if (nkb == 1) {
+                    kblocks_halves(split_a, int_c<1>{}, int_c<0>{});
+                    return;
+                }
+                kblocks_halves(split_a, int_c<1>{}, int_c<1>{});
+                int kb = 2;
+                for (; kb + 2 <= nkb; kb += 2) kblocks_halves(split_a, int_c<0>{}, int_c<1>{});
+                if (kb < nkb) kblocks_halves(split_a, int_c<0>{}, int_c<0>{});
+                return;
+            }
             if (MOK_SM90_FP8_NO_PROMOTE == 2) { /* the timing bound: one K-block kept in flight */
                 ring_pos prev = pos;
                 pos.advance();
@@ -592,7 +714,7 @@ struct fp8_tile {
         if (have) {
             job = fp8_job_of<kCluster>(p, unit, rank, rows_used);
             nkb = kblocks_of(job);
-            if (nkb > 0) issue(pos);
+            if (!kHalfPipe && nkb > 0) issue(pos);
         }
         while (have) {
             const mok_tile tile = job.tile;
@@ -642,7 +764,7 @@ struct fp8_tile {
             if (have) {
                 job = fp8_job_of<kCluster>(p, unit, rank, rows_used);
                 nkb = kblocks_of(job);
-                if (MOK_SM90_FP8_EPI_OVERLAP && nkb > 0) issue(pos);
+                if (MOK_SM90_FP8_EPI_OVERLAP && !kHalfPipe && nkb > 0) issue(pos);
             }
             /* ---- epilogue: [64 x 64] chunks through the BF16 kernel's stager, TMA stores ---- */
             const int64_t row0 = tile.m0 + 64 * me.wg;
@@ -664,7 +786,7 @@ struct fp8_tile {
                 }
                 MOK_TIMING_ADD(mok_sm90::TIMING_EPILOGUE, t_epi);
             }
-            if (!MOK_SM90_FP8_EPI_OVERLAP && have && nkb > 0) issue(pos);
+            if (!MOK_SM90_FP8_EPI_OVERLAP && !kHalfPipe && have && nkb > 0) issue(pos);
         }
         finish_epilogue(epi);
     }
