@@ -177,16 +177,18 @@ enum { kFwdFullArrivals = 1 + 128 };
 #define MOK_SM90_FP8_NO_PROMOTE 0
 #endif
 
-/* MOK_SM90_FP8_HALF_PIPE=1 (an opt-in experiment, performance log v69): a plain 192-wide forward tile runs each
- * K-block as two commit groups, its 96-column halves (m64n96k32, 48 of part's registers each), and promotes one
- * half while the other is on the tensor cores: lo(kb) retires, is promoted while hi(kb) runs; lo(kb + 1) is
- * issued, hi(kb) retires and is promoted while lo(kb + 1) runs; then hi(kb + 1) is issued. The warpgroup thus
- * always has MMA queued while it promotes, with no more registers (v16 and v24 gave K-block kb + 1 a second
- * whole partial accumulator instead: 64 more registers, slower). The timing build (v67) put 34% of a long-K
+/* MOK_SM90_FP8_HALF_PIPE=N (N >= 1; an opt-in experiment, performance log v69): a plain 192-wide forward tile runs
+ * each K-block as two commit groups, its 96-column halves (m64n96k32, 48 of part's registers each), and promotes
+ * one half while the other is on the tensor cores: lo(kb) retires, is promoted while hi(kb) runs; lo(kb + 1) is
+ * issued, hi(kb) retires and is promoted while lo(kb + 1) runs; then hi(kb + 1) is issued. The K-blocks go in
+ * runs of N with nothing in flight between runs (a tile's last nkb % N one at a time), so 2N - 1 of a run's 2N
+ * half-promotions have MMA of the warpgroup queued, with no more registers (v16 and v24 gave K-block kb + 1 a
+ * second whole partial accumulator instead: 64 more registers, slower). v31's timing build put 34% of a long-K
  * tile's mainloop in the drain and 24% in the promotion. */
 #ifndef MOK_SM90_FP8_HALF_PIPE
 #define MOK_SM90_FP8_HALF_PIPE 0
 #endif
+static_assert(MOK_SM90_FP8_HALF_PIPE >= 0 && MOK_SM90_FP8_HALF_PIPE <= 8, "K-blocks per run: 0 (off) to 8");
 static_assert(!(MOK_SM90_FP8_HALF_PIPE && MOK_SM90_FP8_NO_PROMOTE), "the timing bounds use whole K-blocks");
 
 /* The consumer warpgroup's index (0, 1), warp-uniform for ptxas (a shuffle from lane 0): the A
@@ -609,70 +611,66 @@ struct fp8_tile {
         };
         /* the nkb > 0 K-blocks of a tile whose first K-block is in flight; split_a, split_b: its scale
          * blocks' splits (scale_slot) */
-        /* kHalfPipe's K-block at pos (kPair: and the next one), issued here as two halves each, lo and hi, each
-         * half promoted while the tensor cores run the next commit group. No group stays in flight past it: with
-         * one in flight across a loop's back edge, ptxas serialises every wgmma of the kernel (C7514) as soon as
-         * a promotion reads a half while another group runs. So only the last of four half-promotions of a pair
-         * runs with no MMA of this warpgroup queued (one of two for an unpaired K-block), and the tile's first
-         * K-block is not issued under the previous tile's epilogue (v31: that overlap gained nothing on plain
-         * tiles). */
-        auto kblocks_halves = [&](auto split_a, auto first_c, auto pair_c) {
-            constexpr int kSplit = decltype(split_a)::value;
-            constexpr bool kPair = decltype(pair_c)::value;
+        /* kHalfPipe's run of kRun K-blocks from pos, issued here as two halves each, lo and hi; each half is
+         * promoted while the tensor cores run the next commit group (lo(j) under hi(j), hi(j) under lo(j + 1)).
+         * No group stays in flight past the run: with one in flight across a loop's back edge, ptxas serialises
+         * every wgmma of the kernel (C7514) as soon as a promotion reads a half while another group runs. So the
+         * run's last half-promotion has no MMA of this warpgroup queued behind it, and a tile's first K-block is
+         * not issued under the previous tile's epilogue (v31: that overlap gained nothing on plain tiles).
+         * (The loop over j is unrolled: its branches on j are constants to ptxas.) */
+        auto kblocks_halves = [&](auto split_a, auto first_c, auto run_c) {
+            constexpr int kSplit = decltype(split_a)::value, kRun = decltype(run_c)::value;
+            constexpr bool kFirst = decltype(first_c)::value;
             auto stage_a = [&](const ring_pos& at) { return me.a_base + at.stage * STAGE_A_BYTES; };
             auto stage_b = [&](const ring_pos& at) { return me.b_base + at.stage * STAGE_B_BYTES; };
-            auto drain = [&](auto pending_c) {
-                const long long t = MOK_TIMING_NOW();
-                wgmma_wait_group<decltype(pending_c)::value>();
-                MOK_TIMING_ADD(mok_sm90::TIMING_DRAIN, t);
-            };
-            auto promote_lo = [&](auto first, const kblock_scales& k) {
-                const long long t = MOK_TIMING_NOW();
-                promote_half<0, kSplit, decltype(first)::value>(acc, part_lo, k);
-                MOK_TIMING_ADD(mok_sm90::TIMING_PROMOTE, t);
-            };
-            auto promote_hi = [&](auto first, const kblock_scales& k, const ring_pos& done) {
-                const long long t = MOK_TIMING_NOW();
-                if (me.lane == 0) release_stage<kCluster>(s, done.stage); /* both halves have read it */
-                promote_half<1, kSplit, decltype(first)::value>(acc, part_hi, k);
-                MOK_TIMING_ADD(mok_sm90::TIMING_PROMOTE, t);
-            };
             land(pos);
-            const kblock_scales k0 = sc;
+            kblock_scales k = sc;
             mma_half<0>(part_lo, stage_a(pos), stage_b(pos));
             mma_half<1>(part_hi, stage_a(pos), stage_b(pos));
-            ring_pos next = pos;
-            next.advance();
-            drain(int_c<1>{});
-            promote_lo(first_c, k0);
-            if constexpr (kPair) {
-                land(next);
-                const kblock_scales k1 = sc;
-                mma_half<0>(part_lo, stage_a(next), stage_b(next));
-                drain(int_c<1>{});
-                promote_hi(first_c, k0, pos);
-                mma_half<1>(part_hi, stage_a(next), stage_b(next));
-                drain(int_c<1>{});
-                promote_lo(int_c<0>{}, k1);
-                drain(int_c<0>{});
-                promote_hi(int_c<0>{}, k1, next);
+#pragma unroll
+            for (int j = 0; j < kRun; ++j) {
+                const bool more = j + 1 < kRun, first = kFirst && j == 0;
+                ring_pos next = pos;
                 next.advance();
-            } else {
-                drain(int_c<0>{});
-                promote_hi(first_c, k0, pos);
+                long long t = MOK_TIMING_NOW();
+                wgmma_wait_group<1>(); /* lo(j) retired, hi(j) may still run */
+                MOK_TIMING_ADD(mok_sm90::TIMING_DRAIN, t);
+                t = MOK_TIMING_NOW();
+                if (first) promote_half<0, kSplit, true>(acc, part_lo, k);
+                else promote_half<0, kSplit, false>(acc, part_lo, k);
+                MOK_TIMING_ADD(mok_sm90::TIMING_PROMOTE, t);
+                if (more) {
+                    land(next);
+                    mma_half<0>(part_lo, stage_a(next), stage_b(next));
+                }
+                t = MOK_TIMING_NOW();
+                if (more) wgmma_wait_group<1>(); /* hi(j) retired, lo(j + 1) may still run */
+                else wgmma_wait_group<0>();
+                MOK_TIMING_ADD(mok_sm90::TIMING_DRAIN, t);
+                t = MOK_TIMING_NOW();
+                if (me.lane == 0) release_stage<kCluster>(s, pos.stage); /* both halves have read it */
+                if (first) promote_half<1, kSplit, true>(acc, part_hi, k);
+                else promote_half<1, kSplit, false>(acc, part_hi, k);
+                MOK_TIMING_ADD(mok_sm90::TIMING_PROMOTE, t);
+                if (more) {
+                    mma_half<1>(part_hi, stage_a(next), stage_b(next));
+                    k = sc; /* lo(j + 1)'s scales, read by land */
+                }
+                pos = next;
             }
-            pos = next;
         };
         auto mainloop = [&](auto split_a, auto split_b, int nkb) {
             if constexpr (kHalfPipe) { /* (no K-block in flight: kblocks_halves issues its own) */
-                if (nkb == 1) {
-                    kblocks_halves(split_a, int_c<1>{}, int_c<0>{});
-                    return;
+                constexpr int kRun = MOK_SM90_FP8_HALF_PIPE;
+                int kb = 0;
+                if (nkb >= kRun) {
+                    kblocks_halves(split_a, int_c<1>{}, int_c<kRun>{});
+                    for (kb = kRun; kb + kRun <= nkb; kb += kRun) kblocks_halves(split_a, int_c<0>{}, int_c<kRun>{});
                 }
-                kblocks_halves(split_a, int_c<1>{}, int_c<1>{});
-                int kb = 2;
-                for (; kb + 2 <= nkb; kb += 2) kblocks_halves(split_a, int_c<0>{}, int_c<1>{});
-                if (kb < nkb) kblocks_halves(split_a, int_c<0>{}, int_c<0>{});
+                for (; kb < nkb; ++kb) { /* the tail, one K-block at a time */
+                    if (kb == 0) kblocks_halves(split_a, int_c<1>{}, int_c<1>{});
+                    else kblocks_halves(split_a, int_c<0>{}, int_c<1>{});
+                }
                 return;
             }
             if (MOK_SM90_FP8_NO_PROMOTE == 2) { /* the timing bound: one K-block kept in flight */
