@@ -177,14 +177,14 @@ enum { kFwdFullArrivals = 1 + 128 };
 #define MOK_SM90_FP8_NO_PROMOTE 0
 #endif
 
-/* MOK_SM90_FP8_HALF_PIPE=N (N >= 1; an opt-in experiment, performance log v69): a plain 192-wide forward tile runs
- * each K-block as two commit groups, its 96-column halves (m64n96k32, 48 of part's registers each), and promotes
- * one half while the other is on the tensor cores: lo(kb) retires, is promoted while hi(kb) runs; lo(kb + 1) is
- * issued, hi(kb) retires and is promoted while lo(kb + 1) runs; then hi(kb + 1) is issued. The K-blocks go in
- * runs of N with nothing in flight between runs (a tile's last nkb % N one at a time), so 2N - 1 of a run's 2N
- * half-promotions have MMA of the warpgroup queued, with no more registers (v16 and v24 gave K-block kb + 1 a
- * second whole partial accumulator instead: 64 more registers, slower). v31's timing build put 34% of a long-K
- * tile's mainloop in the drain and 24% in the promotion. */
+/* MOK_SM90_FP8_HALF_PIPE=N (N >= 1; an opt-in experiment, performance log v69): a 192-wide plain forward or
+ * weight-gradient tile runs each K-block as two commit groups, its 96-column halves (m64n96k32, 48 of part's
+ * registers each), and promotes one half while the other is on the tensor cores: lo(kb) retires, is promoted
+ * while hi(kb) runs; lo(kb + 1) is issued, hi(kb) retires and is promoted while lo(kb + 1) runs; then hi(kb + 1)
+ * is issued. The K-blocks go in runs of N with nothing in flight between runs (a tile's last nkb % N one at a
+ * time), so 2N - 1 of a run's 2N half-promotions have MMA of the warpgroup queued, with no more registers (v16
+ * and v24 gave K-block kb + 1 a second whole partial accumulator instead: 64 more registers, slower). v31's
+ * timing build put 34% of a long-K tile's mainloop in the drain and 24% in the promotion. */
 #ifndef MOK_SM90_FP8_HALF_PIPE
 #define MOK_SM90_FP8_HALF_PIPE 0
 #endif
@@ -366,24 +366,28 @@ struct fp8_tile {
      * whatever the lane (scale_slot). The splits are template parameters because a runtime split made
      * ptxas select and multiply a scale per 8-column group: 96 FFMA + 33 FMUL after the drain of a
      * 192-wide K-block instead of 96 FFMA (v31).
+     * kReg0, kRegs: the accumulator registers [kReg0, kReg0 + kRegs) promoted from part[0, kRegs) (the
+     * whole tile by default; MOK_SM90_FP8_HALF_PIPE's halves: 48 from 0 or 48).
      * NOTE: part's wgmma group must have retired (wait_group); the operand fence keeps the reads after
      * that wait. */
-    template <bool kSwiGLU, int kSplitA, int kSplitB, bool kFirst>
-    static __device__ __forceinline__ void promote(float (&acc)[BN / 2], float (&part)[BN / 2], float sa0, float sa1,
+    template <bool kSwiGLU, int kSplitA, int kSplitB, bool kFirst, int kReg0 = 0, int kRegs = BN / 2>
+    static __device__ __forceinline__ void promote(float (&acc)[BN / 2], float (&part)[kRegs], float sa0, float sa1,
                                                    const kblock_scales& sc) {
         static_assert(kSplitA % 8 == 0 && kSplitA > 0 && kSplitA <= BN && kSplitB % 8 == 0,
                       "splits at whole 8-column groups");
+        static_assert(kReg0 % 4 == 0 && kRegs % 4 == 0 && kReg0 + kRegs <= BN / 2, "whole 8-column groups");
 #pragma unroll
-        for (int i = 0; i < BN / 2; ++i) wgmma_fence_operand(part[i]);
+        for (int i = 0; i < kRegs; ++i) wgmma_fence_operand(part[i]);
         const float s0[4] = {sa0 * sc.sb0, sa0 * sc.sb1, sa0 * sc.sb2, sa0 * sc.sb3};
         const float s1[4] = {sa1 * sc.sb0, sa1 * sc.sb1, sa1 * sc.sb2, sa1 * sc.sb3};
 #pragma unroll
-        for (int i = 0; i < BN / 2; i += 4) {
-            const int q = scale_slot<kSwiGLU, kSplitA, kSplitB>(i / 4);
-            acc[i] = kFirst ? part[i] * s0[q] : fmaf(part[i], s0[q], acc[i]);
-            acc[i + 1] = kFirst ? part[i + 1] * s0[q] : fmaf(part[i + 1], s0[q], acc[i + 1]);
-            acc[i + 2] = kFirst ? part[i + 2] * s1[q] : fmaf(part[i + 2], s1[q], acc[i + 2]);
-            acc[i + 3] = kFirst ? part[i + 3] * s1[q] : fmaf(part[i + 3], s1[q], acc[i + 3]);
+        for (int i = 0; i < kRegs; i += 4) {
+            const int q = scale_slot<kSwiGLU, kSplitA, kSplitB>((kReg0 + i) / 4);
+            float* a = &acc[kReg0 + i];
+            a[0] = kFirst ? part[i] * s0[q] : fmaf(part[i], s0[q], a[0]);
+            a[1] = kFirst ? part[i + 1] * s0[q] : fmaf(part[i + 1], s0[q], a[1]);
+            a[2] = kFirst ? part[i + 2] * s1[q] : fmaf(part[i + 2], s1[q], a[2]);
+            a[3] = kFirst ? part[i + 3] * s1[q] : fmaf(part[i + 3], s1[q], a[3]);
         }
     }
 
@@ -403,26 +407,6 @@ struct fp8_tile {
             wgmma_m64n96k32_f32_e4m3(half, da, db, k32 > 0 ? 1 : 0);
         }
         wgmma_commit_group();
-    }
-
-    /* promote() of half kH: its 8-column groups are the tile's groups 12 kH .. 12 kH + 11 (acc's registers
-     * 48 kH ..). NOTE: half's commit group must have retired. */
-    template <int kH, int kSplitA, bool kFirst>
-    static __device__ __forceinline__ void promote_half(float (&acc)[BN / 2], float (&half)[BN / 4],
-                                                        const kblock_scales& sc) {
-#pragma unroll
-        for (int i = 0; i < BN / 4; ++i) wgmma_fence_operand(half[i]);
-        const float s0[2] = {sc.sa0 * sc.sb0, sc.sa0 * sc.sb1};
-        const float s1[2] = {sc.sa1 * sc.sb0, sc.sa1 * sc.sb1};
-#pragma unroll
-        for (int i = 0; i < BN / 4; i += 4) {
-            const int q = scale_slot<false, kSplitA, 0>(kH * (BN / 16) + i / 4);
-            float* a = &acc[kH * (BN / 4) + i];
-            a[0] = kFirst ? half[i] * s0[q] : fmaf(half[i], s0[q], a[0]);
-            a[1] = kFirst ? half[i + 1] * s0[q] : fmaf(half[i + 1], s0[q], a[1]);
-            a[2] = kFirst ? half[i + 2] * s1[q] : fmaf(half[i + 2], s1[q], a[2]);
-            a[3] = kFirst ? half[i + 3] * s1[q] : fmaf(half[i + 3], s1[q], a[3]);
-        }
     }
 
     /* A consumer thread's place: its warpgroup (0, 1), thread and lane in it, its accumulator rows
@@ -490,6 +474,68 @@ struct fp8_tile {
             }
         }
     };
+
+    /* MOK_SM90_FP8_HALF_PIPE's run of kRun K-blocks from pos (forward and weight gradient), each issued as two
+     * halves, lo and hi (two commit groups); each half is promoted while the tensor cores run the next group
+     * (lo(j) under hi(j), hi(j) under lo(j + 1)). land(at) waits for the stage at `at` to be full (and reads
+     * what must be read before the stage goes back); promote(int_c<h>, j, at) promotes half h of the run's
+     * K-block j (at its stage `at`). The stage goes back once both halves are read. No group stays in flight
+     * past the run: with one in flight across a loop's back edge, ptxas serialises every wgmma of the kernel
+     * (C7514) as soon as a promotion reads a half while another group runs; so the run's last half-promotion
+     * has no MMA of this warpgroup queued behind it. (The loop over j is unrolled: its branches are constants
+     * to ptxas.) */
+    template <int kRun, int kCluster, typename Land, typename Promote>
+    static __device__ __forceinline__ void run_halves(smem_layout& s, const consumer_thread& me, ring_pos& pos,
+                                                      float (&lo)[BN / 4], float (&hi)[BN / 4], Land&& land,
+                                                      Promote&& promote) {
+        auto stage_a = [&](const ring_pos& at) { return me.a_base + at.stage * STAGE_A_BYTES; };
+        auto stage_b = [&](const ring_pos& at) { return me.b_base + at.stage * STAGE_B_BYTES; };
+        land(pos);
+        mma_half<0>(lo, stage_a(pos), stage_b(pos));
+        mma_half<1>(hi, stage_a(pos), stage_b(pos));
+#pragma unroll
+        for (int j = 0; j < kRun; ++j) {
+            const bool more = j + 1 < kRun;
+            ring_pos next = pos;
+            next.advance();
+            long long t = MOK_TIMING_NOW();
+            wgmma_wait_group<1>(); /* lo(j) retired, hi(j) may still run */
+            MOK_TIMING_ADD(mok_sm90::TIMING_DRAIN, t);
+            t = MOK_TIMING_NOW();
+            promote(int_c<0>{}, j, pos);
+            MOK_TIMING_ADD(mok_sm90::TIMING_PROMOTE, t);
+            if (more) {
+                land(next);
+                mma_half<0>(lo, stage_a(next), stage_b(next));
+            }
+            t = MOK_TIMING_NOW();
+            if (more) wgmma_wait_group<1>(); /* hi(j) retired, lo(j + 1) may still run */
+            else wgmma_wait_group<0>();
+            MOK_TIMING_ADD(mok_sm90::TIMING_DRAIN, t);
+            t = MOK_TIMING_NOW();
+            if (me.lane == 0) release_stage<kCluster>(s, pos.stage); /* both halves have read it */
+            promote(int_c<1>{}, j, pos);
+            MOK_TIMING_ADD(mok_sm90::TIMING_PROMOTE, t);
+            if (more) mma_half<1>(hi, stage_a(next), stage_b(next));
+            pos = next;
+        }
+    }
+
+    /* MOK_SM90_FP8_HALF_PIPE's K-blocks of a tile, none in flight before: runs of kRun, then the last
+     * nkb % kRun one at a time. run(first_c, run_c) runs run_c K-blocks; first_c: the tile's first. */
+    template <typename Run>
+    static __device__ __forceinline__ void tile_halves(int nkb, Run&& run) {
+        constexpr int kRun = MOK_SM90_FP8_HALF_PIPE > 0 ? MOK_SM90_FP8_HALF_PIPE : 1;
+        int kb = 0;
+        if (nkb >= kRun) {
+            run(int_c<1>{}, int_c<kRun>{});
+            for (kb = kRun; kb + kRun <= nkb; kb += kRun) run(int_c<0>{}, int_c<kRun>{});
+        }
+        for (; kb < nkb; ++kb) {
+            if (kb == 0) run(int_c<1>{}, int_c<1>{});
+            else run(int_c<0>{}, int_c<1>{});
+        }
+    }
 
     /* The stage goes back to the producer as soon as its wgmma has drained, before the promotion
      * (DeepGEMM's order): the K-block's scales are read into registers before its wgmma. Measured on
@@ -611,66 +657,27 @@ struct fp8_tile {
         };
         /* the nkb > 0 K-blocks of a tile whose first K-block is in flight; split_a, split_b: its scale
          * blocks' splits (scale_slot) */
-        /* kHalfPipe's run of kRun K-blocks from pos, issued here as two halves each, lo and hi; each half is
-         * promoted while the tensor cores run the next commit group (lo(j) under hi(j), hi(j) under lo(j + 1)).
-         * No group stays in flight past the run: with one in flight across a loop's back edge, ptxas serialises
-         * every wgmma of the kernel (C7514) as soon as a promotion reads a half while another group runs. So the
-         * run's last half-promotion has no MMA of this warpgroup queued behind it, and a tile's first K-block is
-         * not issued under the previous tile's epilogue (v31: that overlap gained nothing on plain tiles).
-         * (The loop over j is unrolled: its branches on j are constants to ptxas.) */
+        /* kHalfPipe: a run of the tile's K-blocks through run_halves; a K-block's scales are read from its stage
+         * when it lands (the stage goes back before its hi half is promoted); first_c: the tile's first run (its
+         * first K-block's promotion writes acc). The tile's first K-block is not issued under the previous
+         * tile's epilogue (no group in flight across the loop; v31: that overlap gained nothing on plain tiles). */
         auto kblocks_halves = [&](auto split_a, auto first_c, auto run_c) {
-            constexpr int kSplit = decltype(split_a)::value, kRun = decltype(run_c)::value;
-            constexpr bool kFirst = decltype(first_c)::value;
-            auto stage_a = [&](const ring_pos& at) { return me.a_base + at.stage * STAGE_A_BYTES; };
-            auto stage_b = [&](const ring_pos& at) { return me.b_base + at.stage * STAGE_B_BYTES; };
-            land(pos);
-            kblock_scales k = sc;
-            mma_half<0>(part_lo, stage_a(pos), stage_b(pos));
-            mma_half<1>(part_hi, stage_a(pos), stage_b(pos));
-#pragma unroll
-            for (int j = 0; j < kRun; ++j) {
-                const bool more = j + 1 < kRun, first = kFirst && j == 0;
-                ring_pos next = pos;
-                next.advance();
-                long long t = MOK_TIMING_NOW();
-                wgmma_wait_group<1>(); /* lo(j) retired, hi(j) may still run */
-                MOK_TIMING_ADD(mok_sm90::TIMING_DRAIN, t);
-                t = MOK_TIMING_NOW();
-                if (first) promote_half<0, kSplit, true>(acc, part_lo, k);
-                else promote_half<0, kSplit, false>(acc, part_lo, k);
-                MOK_TIMING_ADD(mok_sm90::TIMING_PROMOTE, t);
-                if (more) {
-                    land(next);
-                    mma_half<0>(part_lo, stage_a(next), stage_b(next));
-                }
-                t = MOK_TIMING_NOW();
-                if (more) wgmma_wait_group<1>(); /* hi(j) retired, lo(j + 1) may still run */
-                else wgmma_wait_group<0>();
-                MOK_TIMING_ADD(mok_sm90::TIMING_DRAIN, t);
-                t = MOK_TIMING_NOW();
-                if (me.lane == 0) release_stage<kCluster>(s, pos.stage); /* both halves have read it */
-                if (first) promote_half<1, kSplit, true>(acc, part_hi, k);
-                else promote_half<1, kSplit, false>(acc, part_hi, k);
-                MOK_TIMING_ADD(mok_sm90::TIMING_PROMOTE, t);
-                if (more) {
-                    mma_half<1>(part_hi, stage_a(next), stage_b(next));
-                    k = sc; /* lo(j + 1)'s scales, read by land */
-                }
-                pos = next;
-            }
+            constexpr int kSplit = decltype(split_a)::value;
+            kblock_scales k; /* the scales of the K-block being promoted */
+            auto promote_fwd = [&](auto h_c, int j, const ring_pos&) {
+                constexpr int h = decltype(h_c)::value;
+                if (h == 0) k = sc; /* before the next K-block's land overwrites sc */
+                float(&half)[BN / 4] = h == 0 ? part_lo : part_hi;
+                if (decltype(first_c)::value && j == 0)
+                    promote<false, kSplit, 0, true, h * (BN / 4), BN / 4>(acc, half, k.sa0, k.sa1, k);
+                else
+                    promote<false, kSplit, 0, false, h * (BN / 4), BN / 4>(acc, half, k.sa0, k.sa1, k);
+            };
+            run_halves<decltype(run_c)::value, kCluster>(s, me, pos, part_lo, part_hi, land, promote_fwd);
         };
         auto mainloop = [&](auto split_a, auto split_b, int nkb) {
             if constexpr (kHalfPipe) { /* (no K-block in flight: kblocks_halves issues its own) */
-                constexpr int kRun = MOK_SM90_FP8_HALF_PIPE;
-                int kb = 0;
-                if (nkb >= kRun) {
-                    kblocks_halves(split_a, int_c<1>{}, int_c<kRun>{});
-                    for (kb = kRun; kb + kRun <= nkb; kb += kRun) kblocks_halves(split_a, int_c<0>{}, int_c<kRun>{});
-                }
-                for (; kb < nkb; ++kb) { /* the tail, one K-block at a time */
-                    if (kb == 0) kblocks_halves(split_a, int_c<1>{}, int_c<1>{});
-                    else kblocks_halves(split_a, int_c<0>{}, int_c<1>{});
-                }
+                tile_halves(nkb, [&](auto first_c, auto run_c) { kblocks_halves(split_a, first_c, run_c); });
                 return;
             }
             if (MOK_SM90_FP8_NO_PROMOTE == 2) { /* the timing bound: one K-block kept in flight */
@@ -850,18 +857,21 @@ struct fp8_tile {
 
     /* FP32 promotion with a scale per column: acc += part * sa[row] * sb[column]. Registers 4g..4g+3
      * hold columns c = 8g + 2 (lane % 4) + {0, 1} of rows r_lo (4g, 4g + 1) and r_lo + 8 (4g + 2, 4g + 3).
+     * kReg0, kRegs: as promote().
      * NOTE: as promote(), part's wgmma group must have retired. */
-    static __device__ __forceinline__ void promote_cols(float (&acc)[BN / 2], float (&part)[BN / 2], float sa0,
+    template <int kReg0 = 0, int kRegs = BN / 2>
+    static __device__ __forceinline__ void promote_cols(float (&acc)[BN / 2], float (&part)[kRegs], float sa0,
                                                         float sa1, const float* sb_cols, int lane) {
 #pragma unroll
-        for (int i = 0; i < BN / 2; ++i) wgmma_fence_operand(part[i]);
+        for (int i = 0; i < kRegs; ++i) wgmma_fence_operand(part[i]);
 #pragma unroll
-        for (int i = 0; i < BN / 2; i += 4) {
-            const float2 sb = ld_shared_f32x2(sb_cols + 2 * i + 2 * (lane & 3));
-            acc[i] = fmaf(part[i], sa0 * sb.x, acc[i]);
-            acc[i + 1] = fmaf(part[i + 1], sa0 * sb.y, acc[i + 1]);
-            acc[i + 2] = fmaf(part[i + 2], sa1 * sb.x, acc[i + 2]);
-            acc[i + 3] = fmaf(part[i + 3], sa1 * sb.y, acc[i + 3]);
+        for (int i = 0; i < kRegs; i += 4) {
+            const float2 sb = ld_shared_f32x2(sb_cols + 2 * (kReg0 + i) + 2 * (lane & 3));
+            float* a = &acc[kReg0 + i];
+            a[0] = fmaf(part[i], sa0 * sb.x, a[0]);
+            a[1] = fmaf(part[i + 1], sa0 * sb.y, a[1]);
+            a[2] = fmaf(part[i + 2], sa1 * sb.x, a[2]);
+            a[3] = fmaf(part[i + 3], sa1 * sb.y, a[3]);
         }
     }
 
@@ -873,6 +883,8 @@ struct fp8_tile {
         const consumer_thread me(s); /* its rows: me.r_lo, me.r_lo + 8 */
         ring_pos pos;
         float part[BN / 2], acc[BN / 2];
+        constexpr bool kHalfPipe = MOK_SM90_FP8_HALF_PIPE && BN == 192;
+        float part_lo[BN / 4], part_hi[BN / 4]; /* kHalfPipe's halves of part */
         epi_stager epi = me.stager(s);
 
         mok_tile_sched sched;
@@ -885,6 +897,29 @@ struct fp8_tile {
             for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
             /* NOTE: warp-uniform for ptxas (see consume()) */
             const int nkb = __shfl_sync(0xFFFFFFFFu, (int)nkb64, 0);
+            /* kHalfPipe's mainloop: the scales stay readable after the release (wsa's two copies) */
+            auto mainloop_halves = [&](auto split) {
+                auto land = [&](const ring_pos& at) { mbarrier_wait_parity(&s.full[at.stage], at.phase); };
+                auto promote_wgrad = [&](auto h_c, int, const ring_pos& at) {
+                    constexpr int h = decltype(h_c)::value;
+                    float(&half)[BN / 4] = h == 0 ? part_lo : part_hi;
+                    const float* sa = &s.wsa[at.phase][at.stage][0];
+                    const float* sb = &s.wsb[at.phase][at.stage][0];
+                    const float sa0 = ld_shared_f32(&sa[me.r_lo]), sa1 = ld_shared_f32(&sa[me.r_lo + 8]);
+                    if (kSbTiled) {
+                        kblock_scales sc;
+                        sc.sb0 = ld_shared_f32(&sb[0]);
+                        sc.sb1 = ld_shared_f32(&sb[1]);
+                        promote<false, decltype(split)::value, 0, false, h * (BN / 4), BN / 4>(acc, half, sa0, sa1,
+                                                                                              sc);
+                    } else {
+                        promote_cols<h * (BN / 4), BN / 4>(acc, half, sa0, sa1, sb, me.lane);
+                    }
+                };
+                tile_halves(nkb, [&](auto, auto run_c) {
+                    run_halves<decltype(run_c)::value, 1>(s, me, pos, part_lo, part_hi, land, promote_wgrad);
+                });
+            };
             auto mainloop = [&](auto split) {
                 for (int kb = 0; kb < nkb; ++kb) {
                     mbarrier_wait_parity(&s.full[pos.stage], pos.phase);
@@ -907,10 +942,14 @@ struct fp8_tile {
                     pos.advance();
                 }
             };
+            auto run = [&](auto split) {
+                if constexpr (kHalfPipe) mainloop_halves(split);
+                else mainloop(split);
+            };
             if (kSbTiled && BN > SCALE_BLOCK && (tile.n_tile * BN) % SCALE_BLOCK != 0)
-                mainloop(int_c<(BN > SCALE_BLOCK ? BN - SCALE_BLOCK : BN)>{});
+                run(int_c<(BN > SCALE_BLOCK ? BN - SCALE_BLOCK : BN)>{});
             else
-                mainloop(int_c<(BN < SCALE_BLOCK ? BN : SCALE_BLOCK)>{});
+                run(int_c<(BN < SCALE_BLOCK ? BN : SCALE_BLOCK)>{});
             /* ---- epilogue: out[e, m, n] in [64 x 64] chunks through the [E, M, N] map, or (split) the
              * chunk's 64 rows, which lie in one half, through plane half ^ split_flip of [2, E, M / 2, N] ---- */
             const int64_t m0 = tile.m0 + 64 * me.wg;
