@@ -4,6 +4,9 @@ and nvcc are present, and the thin C++ torch-op layer, linked into one library `
 
     pip install --no-build-isolation -e .      # CUDA where possible, CPU-only otherwise
     MOK_FORCE_CPU=1 pip install ...            # CPU-only build even where CUDA is present
+    MOK_NVCC_DEFINES="-DMOK_SM90_FP8_HALF_PIPE=2" pip install ...
+                                               # kernels built with a compile-time experiment switched on
+                                               # (docs/performance-log.md), e.g. to run the GPU suite on it
 """
 import glob
 import os
@@ -67,6 +70,20 @@ nvcc_flags = [
     "-U__CUDA_NO_HALF2_OPERATORS__",
     "-DMOK_WITH_CUDA",
 ]
+
+
+def experiment_defines() -> list:
+    """MOK_NVCC_DEFINES: space-separated -DNAME[=VALUE] options added to the CUDA kernels' nvcc flags (the
+    opt-in kernel experiments are compile-time switches). Anything else is refused, so that the variable
+    cannot change how the library is built in other ways."""
+    defines = os.getenv("MOK_NVCC_DEFINES", "").split()
+    bad = [d for d in defines if not d.startswith("-D") or len(d) < 3]
+    if bad:
+        raise SystemExit(f"MOK_NVCC_DEFINES: expected -DNAME or -DNAME=VALUE options, got {bad}")
+    return defines
+
+
+nvcc_flags += experiment_defines()
 
 
 class MokBuildExt(BuildExtension):

@@ -14,6 +14,7 @@
 # A flag src=DIR builds DIR/benchmarks/sm90_fp8_gemm_check.cu instead (a copy of an older tree, e.g.
 # `mkdir -p _ab/old && git archive HEAD csrc benchmarks | tar -x -C _ab/old`, then "old:src=_ab/old").
 # PROBLEMS: ';'-separated checker arguments (R E N K), default DeepSeek-V3 and Mixtral GEMM1.
+# REUSE=1 keeps variants already built in $BIN (BIN: default /tmp/mok_fp8_variants) instead of building them again.
 # TOOL=bf16 builds and times the BF16 kernel's standalone timer (benchmarks/sm90_gemm_timing.cu) the
 # same way; its PROBLEMS read R E N K [swiglu|nn|wgrad] and its outputs are not checked (the GPU
 # suite checks that kernel), so its cells say "unchecked".
@@ -39,9 +40,14 @@ LOG=${LOG:-/tmp/$LOG_NAME}
 mkdir -p "$BIN" "$(dirname "$LOG")"
 : > "$LOG"
 
+built=" "
 for v in $VARIANTS; do
     name=${v%%:*}
     flags=${v#*:}
+    # REUSE=1: a second pass over the same builds (e.g. WGRAD=1 after the forward) keeps the binaries in $BIN
+    if [ -n "${REUSE:-}" ] && [ -x "$BIN/$name" ]; then continue; fi
+    rm -f "$BIN/$name" # (a failed build must not leave an older binary to be timed)
+    built+="$name "
     src=.
     defs=()
     for f in ${flags//,/ }; do
@@ -54,6 +60,7 @@ wait
 for v in $VARIANTS; do
     name=${v%%:*}
     [ -x "$BIN/$name" ] || { echo "build of $name failed:"; tail -20 "$BIN/$name.build.log"; exit 1; }
+    [[ $built == *" $name "* ]] || continue # reused: patched when it was built
     flags=${v#*:}
     for f in ${flags//,/ }; do
         case $f in

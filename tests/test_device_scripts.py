@@ -60,3 +60,55 @@ def test_sq_ab_without_a_build_runs_both_harnesses_in_turn(tmp_path, stub_path):
     assert ab == ["== old round 1", "R=1 I=1: stand-in /tmp/mok_sqt_old 131072 768",
                   "== new round 1", "R=1 I=1: stand-in /tmp/mok_sqt_new 131072 768"]
     assert (out / "env.txt").read_text().startswith("stand-in GPU")
+
+
+@pytest.fixture
+def checker_stub_path(tmp_path):
+    """A PATH whose nvcc logs each build to BUILDS and writes, for -o OUT, a stand-in for the FP8 checker: it prints
+    the checker's line for its arguments (forward R E N K, or wgrad R E M N) and, where built with
+    -DMOK_SM90_TIMING, the timing build's cycle lines first; it fails for a build with -DBROKEN."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _stub(bin_dir / "nvcc", '#!/bin/bash\necho "$*" >> "$BUILDS"\nt=0\nfor a in "$@"; do\n'
+                            '  [ "$a" = -DBROKEN ] && exit 1\n  [ "$a" = -DMOK_SM90_TIMING ] && t=1\ndone\n'
+                            'o=""\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && { o=$2; shift; }; shift; done\n'
+                            '{ echo "#!/bin/bash"\n'
+                            '  [ $t = 1 ] && echo \'echo "  mainloop        6479 cycles     3.27 us"; '
+                            'echo "  epilogue        1566 cycles     0.79 us"\'\n'
+                            '  echo \'if [ "$1" = wgrad ]; then echo "wgrad R=$2 E=$3 M=$4 N=$5: 1.0 ms, 800 TFLOP/s, '
+                            'sampled rel err 1.6e-03 (ok)"; else echo "R=$1 E=$2 N=$3 K=$4: 1.0 ms, 900 TFLOP/s, '
+                            'sampled rel err 1.6e-03 (ok)"; fi\'\n} > "$o"\nchmod +x "$o"\n')
+    _stub(bin_dir / "nvidia-smi", "#!/bin/bash\necho stand-in GPU\n")
+    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+
+
+def test_fp8_pipe_session_runs_forward_wgrad_and_timing_on_one_set_of_builds(tmp_path, checker_stub_path):
+    out, builds = tmp_path / "out", tmp_path / "builds.txt"
+    env = dict(os.environ, PATH=checker_stub_path, OUT=str(out), BUILDS=str(builds),
+               VARIANTS="def: half2:-DMOK_SM90_FP8_HALF_PIPE=2")
+    env.pop("BIN", None)
+    res = subprocess.run(["bash", str(ROOT / "benchmarks/run_fp8_pipe_session.sh")], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    built = builds.read_text().splitlines()
+    # the two variants once (the weight-gradient pass reuses them), then their two timing builds
+    assert len(built) == 4, built
+    assert sum("-DMOK_SM90_TIMING" in b for b in built) == 2
+    fwd = (out / "fwd.txt").read_text()
+    assert "65536x32x4096x7168" in fwd and "8192x8x1536x128" in fwd
+    assert "half2                  900 (900-900)" in fwd
+    assert "half2                  800 (800-800)" in (out / "wgrad.txt").read_text()
+    assert "thalf2 131072x128x2048x768: mainloop 6479 cycles 3.27 us epilogue 1566 cycles 0.79 us" in res.stdout
+
+
+def test_fp8_check_variants_does_not_time_an_older_binary_when_a_build_fails(tmp_path, checker_stub_path):
+    bin_dir = tmp_path / "variants"
+    bin_dir.mkdir()
+    _stub(bin_dir / "bad", "#!/bin/bash\necho 'R=1 E=1 N=128 K=128: 1.0 ms, 999 TFLOP/s, sampled rel err 1e-3 (ok)'\n")
+    env = dict(os.environ, PATH=checker_stub_path, OUT=str(tmp_path / "out"), BUILDS=str(tmp_path / "b.txt"),
+               BIN=str(bin_dir), VARIANTS="def: bad:-DBROKEN", PROBLEMS="1 1 128 128", ROUNDS="1")
+    res = subprocess.run(["bash", str(ROOT / "benchmarks/fp8_check_variants.sh")], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "build of bad failed" in res.stdout
+    assert "999" not in res.stdout

@@ -61,3 +61,16 @@ def test_sdist_carries_what_the_tests_read(sdist_names):
 def test_sdist_has_no_build_output(sdist_names):
     built = sorted(n for n in sdist_names if n.endswith((".so", ".o", ".pyc")))
     assert not built, built[:8]
+
+
+@pytest.mark.parametrize("defines, ok", [("-DMOK_SM90_FP8_HALF_PIPE=2 -DMOK_SM90_FP8_EPI_TILE=1", True),
+                                         ("-O0", False), ("-D", False)])
+def test_setup_takes_only_defines_from_mok_nvcc_defines(defines, ok):
+    """MOK_NVCC_DEFINES (the opt-in kernel experiments' compile-time switches) takes -DNAME[=VALUE] and refuses
+    anything else with a message that names the variable."""
+    r = subprocess.run([sys.executable, "setup.py", "--name"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "MOK_FORCE_CPU": "1", "MOK_NVCC_DEFINES": defines})
+    if ok:
+        assert r.returncode == 0 and r.stdout.strip().endswith("mok"), r.stdout + r.stderr
+    else:
+        assert r.returncode != 0 and "MOK_NVCC_DEFINES: expected -DNAME" in r.stdout + r.stderr, r.stdout + r.stderr
