@@ -478,8 +478,8 @@ struct fp8_tile {
     /* MOK_SM90_FP8_HALF_PIPE's run of kRun K-blocks from pos (forward and weight gradient), each issued as two
      * halves, lo and hi (two commit groups); each half is promoted while the tensor cores run the next group
      * (lo(j) under hi(j), hi(j) under lo(j + 1)). land(at) waits for the stage at `at` to be full (and reads
-     * what must be read before the stage goes back); promote(int_c<h>, j, at) promotes half h of the run's
-     * K-block j (at its stage `at`). The stage goes back once both halves are read. No group stays in flight
+     * what must be read before the stage goes back); promote(int_c<h>, half, j, at) promotes half h (its
+     * registers: lo or hi) of the run's K-block j (at its stage `at`). The stage goes back once both halves are read. No group stays in flight
      * past the run: with one in flight across a loop's back edge, ptxas serialises every wgmma of the kernel
      * (C7514) as soon as a promotion reads a half while another group runs; so the run's last half-promotion
      * has no MMA of this warpgroup queued behind it. (The loop over j is unrolled: its branches are constants
@@ -509,7 +509,7 @@ struct fp8_tile {
             wgmma_wait_group<1>(); /* lo(j) retired, hi(j) may still run */
             add(mok_sm90::TIMING_DRAIN, t);
             t = now();
-            promote(int_c<0>{}, j, pos);
+            promote(int_c<0>{}, lo, j, pos);
             add(mok_sm90::TIMING_PROMOTE, t);
             if (more) {
                 land(next);
@@ -521,7 +521,7 @@ struct fp8_tile {
             add(mok_sm90::TIMING_DRAIN, t);
             t = now();
             if (me.lane == 0) release_stage<kCluster>(s, pos.stage); /* both halves have read it */
-            promote(int_c<1>{}, j, pos);
+            promote(int_c<1>{}, hi, j, pos);
             add(mok_sm90::TIMING_PROMOTE, t);
             if (more) mma_half<1>(hi, stage_a(next), stage_b(next));
             pos = next;
@@ -671,10 +671,9 @@ struct fp8_tile {
         auto kblocks_halves = [&](auto split_a, auto first_c, auto run_c) {
             constexpr int kSplit = decltype(split_a)::value;
             kblock_scales k; /* the scales of the K-block being promoted */
-            auto promote_fwd = [&](auto h_c, int j, const ring_pos&) {
+            auto promote_fwd = [&](auto h_c, float(&half)[BN / 4], int j, const ring_pos&) {
                 constexpr int h = decltype(h_c)::value;
                 if (h == 0) k = sc; /* before the next K-block's land overwrites sc */
-                float(&half)[BN / 4] = h == 0 ? part_lo : part_hi;
                 if (decltype(first_c)::value && j == 0)
                     promote<false, kSplit, 0, true, h * (BN / 4), BN / 4>(acc, half, k.sa0, k.sa1, k);
                 else
@@ -907,9 +906,8 @@ struct fp8_tile {
             /* kHalfPipe's mainloop: the scales stay readable after the release (wsa's two copies) */
             auto mainloop_halves = [&](auto split) {
                 auto land = [&](const ring_pos& at) { mbarrier_wait_parity(&s.full[at.stage], at.phase); };
-                auto promote_wgrad = [&](auto h_c, int, const ring_pos& at) {
+                auto promote_wgrad = [&](auto h_c, float(&half)[BN / 4], int, const ring_pos& at) {
                     constexpr int h = decltype(h_c)::value;
-                    float(&half)[BN / 4] = h == 0 ? part_lo : part_hi;
                     const float* sa = &s.wsa[at.phase][at.stage][0];
                     const float* sb = &s.wsb[at.phase][at.stage][0];
                     const float sa0 = ld_shared_f32(&sa[me.r_lo]), sa1 = ld_shared_f32(&sa[me.r_lo + 8]);
