@@ -91,19 +91,24 @@ runs = {}
 for line in open(sys.argv[1]):
     # checker lines end in (ok) or (FAIL); the BF16 timer's name a mode and are unchecked
     m = re.search(r"^(\S+) round \d+: .*?\bR=(\d+) E=(\d+) [MN]=(\d+) [NK]=(\d+)( \w+)?: [\d.]+ ms, (\d+) TFLOP/s"
-                  r"(?:.*?\((ok|FAIL)\))?", line)
+                  r"(?:.*?\((ok|FAIL)\)(?: bits ([0-9a-f]+))?)?", line)
     if m:
         prob = "x".join(m.group(2, 3, 4, 5)) + (m.group(6) or "").replace(" ", ":")
-        runs.setdefault((m.group(1), prob), []).append((int(m.group(7)), m.group(8) or "unchecked"))
+        runs.setdefault((m.group(1), prob), []).append((int(m.group(7)), m.group(8) or "unchecked", m.group(9)))
 names = list(dict.fromkeys(k[0] for k in runs))
 probs = list(dict.fromkeys(k[1] for k in runs))
-print("variant".ljust(10) + "".join(p.rjust(26) for p in probs))
+# the checker fingerprints every output bit: a cell whose bits differ from the first variant's on that problem
+# (or between its own rounds) says "bits!=" (a variant meant to keep the default's numerics must not)
+first_bits = {p: {b for _, _, b in runs.get((names[0], p), []) if b} for p in probs}
+print("variant".ljust(10) + "".join(p.rjust(34) for p in probs))
 for n in names:
     cells = []
     for p in probs:
         r = runs.get((n, p), [])
-        cells.append((f"{statistics.median(t for t, _ in r):.0f} ({min(t for t, _ in r)}-{max(t for t, _ in r)})"
-                      + ("" if all(ok == "ok" for _, ok in r) else " FAIL" if any(ok == "FAIL" for _, ok in r)
-                         else " unchecked")) if r else "-")
-    print(n.ljust(10) + "".join(c.rjust(26) for c in cells))
+        bits = {b for _, _, b in r if b}
+        cells.append((f"{statistics.median(t for t, _, _ in r):.0f} ({min(t for t, _, _ in r)}-{max(t for t, _, _ in r)})"
+                      + ("" if all(ok == "ok" for _, ok, _ in r) else " FAIL" if any(ok == "FAIL" for _, ok, _ in r)
+                         else " unchecked")
+                      + (" bits!=" if bits and (len(bits) > 1 or bits != first_bits[p]) else "")) if r else "-")
+    print(n.ljust(10) + "".join(c.rjust(34) for c in cells))
 EOF

@@ -66,18 +66,20 @@ def test_sq_ab_without_a_build_runs_both_harnesses_in_turn(tmp_path, stub_path):
 def checker_stub_path(tmp_path):
     """A PATH whose nvcc logs each build to BUILDS and writes, for -o OUT, a stand-in for the FP8 checker: it prints
     the checker's line for its arguments (forward R E N K, or wgrad R E M N) and, where built with
-    -DMOK_SM90_TIMING, the timing build's cycle lines first; it fails for a build with -DBROKEN."""
+    -DMOK_SM90_TIMING, the timing build's cycle lines first; its output bits' fingerprint is 00ff unless built with
+    -DOTHERBITS; it fails for a build with -DBROKEN."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    _stub(bin_dir / "nvcc", '#!/bin/bash\necho "$*" >> "$BUILDS"\nt=0\nfor a in "$@"; do\n'
-                            '  [ "$a" = -DBROKEN ] && exit 1\n  [ "$a" = -DMOK_SM90_TIMING ] && t=1\ndone\n'
+    _stub(bin_dir / "nvcc", '#!/bin/bash\necho "$*" >> "$BUILDS"\nt=0\nb=00ff\nfor a in "$@"; do\n'
+                            '  [ "$a" = -DBROKEN ] && exit 1\n  [ "$a" = -DMOK_SM90_TIMING ] && t=1\n'
+                            '  [ "$a" = -DOTHERBITS ] && b=0f0f\ndone\n'
                             'o=""\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && { o=$2; shift; }; shift; done\n'
                             '{ echo "#!/bin/bash"\n'
                             '  [ $t = 1 ] && echo \'echo "  mainloop        6479 cycles     3.27 us"; '
                             'echo "  epilogue        1566 cycles     0.79 us"\'\n'
                             '  echo \'if [ "$1" = wgrad ]; then echo "wgrad R=$2 E=$3 M=$4 N=$5: 1.0 ms, 800 TFLOP/s, '
-                            'sampled rel err 1.6e-03 (ok)"; else echo "R=$1 E=$2 N=$3 K=$4: 1.0 ms, 900 TFLOP/s, '
-                            'sampled rel err 1.6e-03 (ok)"; fi\'\n} > "$o"\nchmod +x "$o"\n')
+                            'sampled rel err 1.6e-03 (ok) bits \'$b\'"; else echo "R=$1 E=$2 N=$3 K=$4: 1.0 ms, '
+                            '900 TFLOP/s, sampled rel err 1.6e-03 (ok) bits \'$b\'"; fi\'\n} > "$o"\nchmod +x "$o"\n')
     _stub(bin_dir / "nvidia-smi", "#!/bin/bash\necho stand-in GPU\n")
     return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
 
@@ -96,8 +98,10 @@ def test_fp8_pipe_session_runs_forward_wgrad_and_timing_on_one_set_of_builds(tmp
     assert sum("-DMOK_SM90_TIMING" in b for b in built) == 2
     fwd = (out / "fwd.txt").read_text()
     assert "65536x32x4096x7168" in fwd and "8192x8x1536x128" in fwd
-    assert "half2                  900 (900-900)" in fwd
-    assert "half2                  800 (800-800)" in (out / "wgrad.txt").read_text()
+    half2_fwd = fwd.splitlines()[-1]
+    assert half2_fwd.startswith("half2" + " " * 26 + "900 (900-900)")
+    assert "bits!=" not in half2_fwd  # the same output bits as def
+    assert (out / "wgrad.txt").read_text().splitlines()[-1].startswith("half2" + " " * 26 + "800 (800-800)")
     assert "thalf2 131072x128x2048x768: mainloop 6479 cycles 3.27 us epilogue 1566 cycles 0.79 us" in res.stdout
 
 
@@ -112,3 +116,15 @@ def test_fp8_check_variants_does_not_time_an_older_binary_when_a_build_fails(tmp
     assert res.returncode == 1, res.stdout + res.stderr
     assert "build of bad failed" in res.stdout
     assert "999" not in res.stdout
+
+
+def test_fp8_check_variants_marks_a_variant_whose_output_bits_differ_from_the_first(tmp_path, checker_stub_path):
+    env = dict(os.environ, PATH=checker_stub_path, OUT=str(tmp_path / "out"), BUILDS=str(tmp_path / "b.txt"),
+               BIN=str(tmp_path / "variants"), VARIANTS="def: same:-DX=1 other:-DOTHERBITS", PROBLEMS="1 1 128 128",
+               ROUNDS="2")
+    res = subprocess.run(["bash", str(ROOT / "benchmarks/fp8_check_variants.sh")], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    table = {line.split()[0]: line for line in res.stdout.splitlines()[-3:]}
+    assert table["def"].endswith("900 (900-900)") and table["same"].endswith("900 (900-900)")
+    assert table["other"].endswith("900 (900-900) bits!=")
