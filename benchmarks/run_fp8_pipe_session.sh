@@ -7,7 +7,8 @@
 #       The standalone checker's variants against the default, interleaved, two rounds (about 8 minutes): the
 #       forward GEMMs (the first two problems have 1 and 3 K-blocks a tile, v69's tails), the weight gradients,
 #       then the timing builds' cycles per tile ($OUT/fwd, $OUT/wgrad, $OUT/timing; tables printed last).
-#       VARIANTS replaces the variant list (fp8_check_variants.sh's syntax).
+#       VARIANTS replaces the variant list (fp8_check_variants.sh's syntax); TIMING=0 leaves the timing builds out
+#       (for a call with little device time left).
 #   SUITE_DEFINES="-DMOK_SM90_FP8_HALF_PIPE=2" bash benchmarks/run_fp8_pipe_session.sh
 #       Instead: the extension built with those switches (setup.py's MOK_NVCC_DEFINES), the GPU suite on it and
 #       bench_gemm_fp8.py (about 6 minutes): what a winner needs before it becomes the default.
@@ -49,7 +50,7 @@ for v in $VARIANTS; do
     flags=${v#*:}
     TVARIANTS+=" t${v%%:*}:-DMOK_SM90_TIMING${flags:+,$flags}"
 done
-if [ $((SECONDS - T0)) -lt 450 ]; then
+if [ "${TIMING:-1}" != 0 ] && [ $((SECONDS - T0)) -lt 450 ]; then
     OUT=$OUT/timing VARIANTS=$TVARIANTS PROBLEMS="131072 128 2048 768;65536 32 4096 7168" ROUNDS=1 BIN=/tmp/mok_fp8_timing \
         timeout 120 bash benchmarks/fp8_check_variants.sh > "$OUT/timing.txt" 2>&1
     echo "timing ($((SECONDS - T0)) s)"

@@ -128,3 +128,16 @@ def test_fp8_check_variants_marks_a_variant_whose_output_bits_differ_from_the_fi
     table = {line.split()[0]: line for line in res.stdout.splitlines()[-3:]}
     assert table["def"].endswith("900 (900-900)") and table["same"].endswith("900 (900-900)")
     assert table["other"].endswith("900 (900-900) bits!=")
+
+
+def test_fp8_pipe_session_without_timing_builds_only_the_variants(tmp_path, checker_stub_path):
+    out, builds = tmp_path / "out", tmp_path / "builds.txt"
+    env = dict(os.environ, PATH=checker_stub_path, OUT=str(out), BUILDS=str(builds), TIMING="0",
+               VARIANTS="def: half2:-DMOK_SM90_FP8_HALF_PIPE=2")
+    env.pop("BIN", None)
+    res = subprocess.run(["bash", str(ROOT / "benchmarks/run_fp8_pipe_session.sh")], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert len(builds.read_text().splitlines()) == 2
+    assert not (out / "timing").exists() and "timing (" not in res.stdout
+    assert "half2" in (out / "wgrad.txt").read_text().splitlines()[-1]
