@@ -177,9 +177,9 @@ enum { kFwdFullArrivals = 1 + 128 };
 #define MOK_SM90_FP8_NO_PROMOTE 0
 #endif
 
-/* MOK_SM90_FP8_HALF_PIPE=N (N >= 1; an opt-in experiment, performance log v69): a 192-wide plain forward or
- * weight-gradient tile runs each K-block as two commit groups, its 96-column halves (m64n96k32, 48 of part's
- * registers each), and promotes one half while the other is on the tensor cores: lo(kb) retires, is promoted
+/* MOK_SM90_FP8_HALF_PIPE=N (N >= 1; opt-in, performance log v69): a 192-wide plain forward tile (the weight
+ * gradient's: MOK_SM90_FP8_HALF_PIPE_WGRAD=N) runs each K-block as two commit groups, its 96-column halves
+ * (m64n96k32, 48 of part's registers each), and promotes one half while the other is on the tensor cores: lo(kb) retires, is promoted
  * while hi(kb) runs; lo(kb + 1) is issued, hi(kb) retires and is promoted while lo(kb + 1) runs; then hi(kb + 1)
  * is issued. The K-blocks go in runs of N with nothing in flight between runs (a tile's last nkb % N one at a
  * time), so 2N - 1 of a run's 2N half-promotions have MMA of the warpgroup queued, with no more registers (v16
@@ -188,8 +188,15 @@ enum { kFwdFullArrivals = 1 + 128 };
 #ifndef MOK_SM90_FP8_HALF_PIPE
 #define MOK_SM90_FP8_HALF_PIPE 0
 #endif
+/* The weight gradient's run length, apart: on the H100 (checker, v69) N = 4 took the forward +1-5% with the same
+ * output bits, and the weight gradient -2% (N = 2: -0.3%). */
+#ifndef MOK_SM90_FP8_HALF_PIPE_WGRAD
+#define MOK_SM90_FP8_HALF_PIPE_WGRAD 0
+#endif
 static_assert(MOK_SM90_FP8_HALF_PIPE >= 0 && MOK_SM90_FP8_HALF_PIPE <= 8, "K-blocks per run: 0 (off) to 8");
-static_assert(!(MOK_SM90_FP8_HALF_PIPE && MOK_SM90_FP8_NO_PROMOTE), "the timing bounds use whole K-blocks");
+static_assert(MOK_SM90_FP8_HALF_PIPE_WGRAD >= 0 && MOK_SM90_FP8_HALF_PIPE_WGRAD <= 8, "K-blocks per run: 0 to 8");
+static_assert(!((MOK_SM90_FP8_HALF_PIPE || MOK_SM90_FP8_HALF_PIPE_WGRAD) && MOK_SM90_FP8_NO_PROMOTE),
+              "the timing bounds use whole K-blocks");
 
 /* The consumer warpgroup's index (0, 1), warp-uniform for ptxas (a shuffle from lane 0): the A
  * descriptors derived from it then live in uniform registers (no R2UR per wgmma). */
@@ -530,9 +537,9 @@ struct fp8_tile {
 
     /* MOK_SM90_FP8_HALF_PIPE's K-blocks of a tile, none in flight before: runs of kRun, then the last
      * nkb % kRun one at a time. run(first_c, run_c) runs run_c K-blocks; first_c: the tile's first. */
-    template <typename Run>
+    template <int kRun, typename Run>
     static __device__ __forceinline__ void tile_halves(int nkb, Run&& run) {
-        constexpr int kRun = MOK_SM90_FP8_HALF_PIPE > 0 ? MOK_SM90_FP8_HALF_PIPE : 1;
+        static_assert(kRun >= 1, "a run has at least one K-block");
         int kb = 0;
         if (nkb >= kRun) {
             run(int_c<1>{}, int_c<kRun>{});
@@ -618,6 +625,7 @@ struct fp8_tile {
         ring_pos pos;
         float part[BN / 2], acc[BN / 2];
         constexpr bool kHalfPipe = MOK_SM90_FP8_HALF_PIPE && !kSwiGLU && BN == 192;
+        constexpr int kHalfRun = kHalfPipe ? MOK_SM90_FP8_HALF_PIPE : 1; /* K-blocks per run */
         float part_lo[BN / 4], part_hi[BN / 4]; /* kHalfPipe's halves of part */
         epi_stager epi = me.stager(s);
         kblock_scales sc; /* the scales of the K-block in flight */
@@ -683,7 +691,8 @@ struct fp8_tile {
         };
         auto mainloop = [&](auto split_a, auto split_b, int nkb) {
             if constexpr (kHalfPipe) { /* (no K-block in flight: kblocks_halves issues its own) */
-                tile_halves(nkb, [&](auto first_c, auto run_c) { kblocks_halves(split_a, first_c, run_c); });
+                tile_halves<kHalfRun>(nkb,
+                                      [&](auto first_c, auto run_c) { kblocks_halves(split_a, first_c, run_c); });
                 return;
             }
             if (MOK_SM90_FP8_NO_PROMOTE == 2) { /* the timing bound: one K-block kept in flight */
@@ -889,7 +898,8 @@ struct fp8_tile {
         const consumer_thread me(s); /* its rows: me.r_lo, me.r_lo + 8 */
         ring_pos pos;
         float part[BN / 2], acc[BN / 2];
-        constexpr bool kHalfPipe = MOK_SM90_FP8_HALF_PIPE && BN == 192;
+        constexpr bool kHalfPipe = MOK_SM90_FP8_HALF_PIPE_WGRAD && BN == 192;
+        constexpr int kHalfRun = kHalfPipe ? MOK_SM90_FP8_HALF_PIPE_WGRAD : 1; /* K-blocks per run */
         float part_lo[BN / 4], part_hi[BN / 4]; /* kHalfPipe's halves of part */
         epi_stager epi = me.stager(s);
 
@@ -921,7 +931,7 @@ struct fp8_tile {
                         promote_cols<h * (BN / 4), BN / 4>(acc, half, sa0, sa1, sb, me.lane);
                     }
                 };
-                tile_halves(nkb, [&](auto, auto run_c) {
+                tile_halves<kHalfRun>(nkb, [&](auto, auto run_c) {
                     run_halves<decltype(run_c)::value, 1, false>(s, me, pos, part_lo, part_hi, land, promote_wgrad);
                 });
             };
