@@ -3,13 +3,17 @@
 # staged at once) and v69 (MOK_SM90_FP8_HALF_PIPE=N: a 192-wide K-block as two halves, one promoted while the
 # other runs), performance log. Run on the GPU machine from the repo root.
 #
+# v69 measured (H100, RESULTS v38): MOK_SM90_FP8_HALF_PIPE=4 +1-5% forward, same bits; the weight gradient lost 2%
+# and has its own switch now (MOK_SM90_FP8_HALF_PIPE_WGRAD). Next: the SUITE_DEFINES call below with
+# -DMOK_SM90_FP8_HALF_PIPE=4, then the default call (v68 alone and with v69).
+#
 #   bash benchmarks/run_fp8_pipe_session.sh
 #       The standalone checker's variants against the default, interleaved, two rounds (about 8 minutes): the
 #       forward GEMMs (the first two problems have 1 and 3 K-blocks a tile, v69's tails), the weight gradients,
 #       then the timing builds' cycles per tile ($OUT/fwd, $OUT/wgrad, $OUT/timing; tables printed last).
 #       VARIANTS replaces the variant list (fp8_check_variants.sh's syntax); TIMING=0 leaves the timing builds out
 #       (for a call with little device time left).
-#   SUITE_DEFINES="-DMOK_SM90_FP8_HALF_PIPE=2" bash benchmarks/run_fp8_pipe_session.sh
+#   SUITE_DEFINES="-DMOK_SM90_FP8_HALF_PIPE=4" bash benchmarks/run_fp8_pipe_session.sh
 #       Instead: the extension built with those switches (setup.py's MOK_NVCC_DEFINES), the GPU suite on it and
 #       bench_gemm_fp8.py (about 6 minutes): what a winner needs before it becomes the default.
 set -uo pipefail
@@ -34,7 +38,7 @@ fi
 
 T0=$SECONDS
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/env.txt"
-VARIANTS=${VARIANTS:-"def: tile:-DMOK_SM90_FP8_EPI_TILE=1 half2:-DMOK_SM90_FP8_HALF_PIPE=2 half4:-DMOK_SM90_FP8_HALF_PIPE=4"}
+VARIANTS=${VARIANTS:-"def: tile:-DMOK_SM90_FP8_EPI_TILE=1 half4:-DMOK_SM90_FP8_HALF_PIPE=4 h4tile:-DMOK_SM90_FP8_HALF_PIPE=4,-DMOK_SM90_FP8_EPI_TILE=1"}
 # 1 and 3 K-blocks a tile; Qwen3 GEMM2, GEMM1; DeepSeek-V3 GEMM1; Mixtral GEMM2; DeepSeek-V3 GEMM2
 FWD="8192 8 1536 128;8192 8 1536 384;131072 128 2048 768;131072 128 1536 2048;65536 32 4096 7168;16384 8 4096 14336;65536 32 7168 2048"
 # Qwen3's two weight gradients, Mixtral's GEMM1 weight gradient (R E M N)
