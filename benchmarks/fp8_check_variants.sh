@@ -8,7 +8,8 @@
 #
 # VARIANTS: space-separated name:flags (flags: nvcc -D options, no spaces inside one; use ',' to
 # separate several, e.g. b128np:-DMOK_SM90_FP8_BN_FWD=128,-DMOK_SM90_FP8_NO_PROMOTE=1).
-# WGRAD=1 times the weight-gradient variant instead (PROBLEMS then read R E M N after 'wgrad').
+# WGRAD=1 times the weight-gradient variant instead (PROBLEMS then read R E M N after 'wgrad'); WGRAD=tiled its
+# form with b's scales per 128 x 128 block (the checker's 'wgrad_tiled': the layer's tiled column copies).
 # A flag yield=F patches the built checker: in each run of promotion FFMAs, the reuse-flagged ones in the first
 # F of the run become yield points (benchmarks/sass_yield.py; performance log v58).
 # A flag src=DIR builds DIR/benchmarks/sm90_fp8_gemm_check.cu instead (a copy of an older tree, e.g.
@@ -29,6 +30,11 @@ VARIANTS=${VARIANTS:-"def: b128:-DMOK_SM90_FP8_BN_FWD=128,-DMOK_SM90_FP8_BN_WGRA
 PROBLEMS=${PROBLEMS:-"65536 32 4096 7168;16384 8 28672 4096"}
 ROUNDS=${ROUNDS:-2}
 TOOL=${TOOL:-fp8}
+case ${WGRAD:-} in
+    "") MODE=() ;;
+    tiled) MODE=(wgrad_tiled) ;;
+    *) MODE=(wgrad) ;;
+esac
 case $TOOL in
     fp8) TOOL_SRC=benchmarks/sm90_fp8_gemm_check.cu LOG_NAME=fp8_check_variants.txt ;;
     bf16) TOOL_SRC=benchmarks/sm90_gemm_timing.cu LOG_NAME=bf16_timing_variants.txt ;;
@@ -77,7 +83,7 @@ for round in $(seq 1 "$ROUNDS"); do
         name=${v%%:*}
         for prob in "${probs[@]}"; do
             # shellcheck disable=SC2086
-            line=$("$BIN/$name" ${WGRAD:+wgrad} $prob 2>&1 | grep -E '^(wgrad )?R=|FAIL|error|does not take| cycles ' |
+            line=$("$BIN/$name" "${MODE[@]}" $prob 2>&1 | grep -E '^(wgrad(_tiled)? )?R=|FAIL|error|does not take| cycles ' |
                 tr -s ' ' | tr '\n' ' ')
             echo "$name round $round: $line" | tee -a "$LOG"
         done

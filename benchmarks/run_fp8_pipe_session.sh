@@ -3,16 +3,19 @@
 # staged at once) and v69 (MOK_SM90_FP8_HALF_PIPE=N: a 192-wide K-block as two halves, one promoted while the
 # other runs), performance log. Run on the GPU machine from the repo root.
 #
-# v69 measured (H100, RESULTS v38): MOK_SM90_FP8_HALF_PIPE=4 +1-5% forward, same bits; the weight gradient lost 2%
-# and has its own switch now (MOK_SM90_FP8_HALF_PIPE_WGRAD). Next: the SUITE_DEFINES call below with
-# -DMOK_SM90_FP8_HALF_PIPE=4, then the default call (v68 alone and with v69).
+# v69 measured (H100, RESULTS v38): MOK_SM90_FP8_HALF_PIPE=4 +1-5% forward, same bits; the weight gradient with
+# per-column scales lost 2% and has its own switch now (MOK_SM90_FP8_HALF_PIPE_WGRAD). Next: the SUITE_DEFINES call
+# below with -DMOK_SM90_FP8_HALF_PIPE=4, then the default call (v68 alone and with v69 in the forward; v68 and
+# v69's weight-gradient form on both weight gradients, the per-column one and the tiled one the layer uses).
 #
 #   bash benchmarks/run_fp8_pipe_session.sh
 #       The standalone checker's variants against the default, interleaved, two rounds (about 8 minutes): the
-#       forward GEMMs (the first two problems have 1 and 3 K-blocks a tile, v69's tails), the weight gradients,
-#       then the timing builds' cycles per tile ($OUT/fwd, $OUT/wgrad, $OUT/timing; tables printed last).
-#       VARIANTS replaces the variant list (fp8_check_variants.sh's syntax); TIMING=0 leaves the timing builds out
-#       (for a call with little device time left).
+#       forward GEMMs (the first two problems have 1 and 3 K-blocks a tile, v69's tails), the weight gradients
+#       (per-column scales, then b's scales per 128 x 128 tile), then the timing builds' cycles per tile ($OUT/fwd,
+#       $OUT/wgrad, $OUT/wgrad_tiled, $OUT/timing; tables printed last).
+#       VARIANTS replaces the forward's variant list, WVARIANTS the weight gradients' (fp8_check_variants.sh's
+#       syntax; builds of the same name are reused); TIMING=0 leaves the timing builds out (for a call with little
+#       device time left).
 #   SUITE_DEFINES="-DMOK_SM90_FP8_HALF_PIPE=4" bash benchmarks/run_fp8_pipe_session.sh
 #       Instead: the extension built with those switches (setup.py's MOK_NVCC_DEFINES), the GPU suite on it and
 #       bench_gemm_fp8.py (about 6 minutes): what a winner needs before it becomes the default.
@@ -39,15 +42,19 @@ fi
 T0=$SECONDS
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/env.txt"
 VARIANTS=${VARIANTS:-"def: tile:-DMOK_SM90_FP8_EPI_TILE=1 half4:-DMOK_SM90_FP8_HALF_PIPE=4 h4tile:-DMOK_SM90_FP8_HALF_PIPE=4,-DMOK_SM90_FP8_EPI_TILE=1"}
+WVARIANTS=${WVARIANTS:-"def: tile:-DMOK_SM90_FP8_EPI_TILE=1 wg2:-DMOK_SM90_FP8_HALF_PIPE_WGRAD=2 wg4:-DMOK_SM90_FP8_HALF_PIPE_WGRAD=4"}
 # 1 and 3 K-blocks a tile; Qwen3 GEMM2, GEMM1; DeepSeek-V3 GEMM1; Mixtral GEMM2; DeepSeek-V3 GEMM2
 FWD="8192 8 1536 128;8192 8 1536 384;131072 128 2048 768;131072 128 1536 2048;65536 32 4096 7168;16384 8 4096 14336;65536 32 7168 2048"
 # Qwen3's two weight gradients, Mixtral's GEMM1 weight gradient (R E M N)
 WGRAD="131072 128 1536 2048;131072 128 2048 768;16384 8 28672 4096"
 OUT=$OUT/fwd VARIANTS=$VARIANTS PROBLEMS=$FWD timeout 330 bash benchmarks/fp8_check_variants.sh > "$OUT/fwd.txt" 2>&1
 echo "forward ($((SECONDS - T0)) s)"
-OUT=$OUT/wgrad VARIANTS=$VARIANTS PROBLEMS=$WGRAD WGRAD=1 REUSE=1 timeout 150 bash benchmarks/fp8_check_variants.sh \
+OUT=$OUT/wgrad VARIANTS=$WVARIANTS PROBLEMS=$WGRAD WGRAD=1 REUSE=1 timeout 200 bash benchmarks/fp8_check_variants.sh \
     > "$OUT/wgrad.txt" 2>&1
 echo "weight gradient ($((SECONDS - T0)) s)"
+OUT=$OUT/wgrad_tiled VARIANTS=$WVARIANTS PROBLEMS=$WGRAD WGRAD=tiled REUSE=1 timeout 120 \
+    bash benchmarks/fp8_check_variants.sh > "$OUT/wgrad_tiled.txt" 2>&1
+echo "weight gradient, tiled b scales ($((SECONDS - T0)) s)"
 # the cycle counters of the default and each variant (a timing build's TFLOP/s is ~17% low: read its shares)
 TVARIANTS=""
 for v in $VARIANTS; do
@@ -65,4 +72,6 @@ fi
 echo "== forward TFLOP/s (median of rounds; (ok) = matches float64)"
 tail -"$(( $(wc -w <<< "$VARIANTS") + 1 ))" "$OUT/fwd.txt"
 echo "== weight gradient TFLOP/s"
-tail -"$(( $(wc -w <<< "$VARIANTS") + 1 ))" "$OUT/wgrad.txt"
+tail -"$(( $(wc -w <<< "$WVARIANTS") + 1 ))" "$OUT/wgrad.txt"
+echo "== weight gradient, b's scales per 128 x 128 tile, TFLOP/s"
+tail -"$(( $(wc -w <<< "$WVARIANTS") + 1 ))" "$OUT/wgrad_tiled.txt"

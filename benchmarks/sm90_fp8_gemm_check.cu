@@ -9,6 +9,8 @@
  *   /tmp/fp8_check R E N K        (the timed problem; default: DeepSeek-V3 slice GEMM1, 65536 32 4096 7168)
  *   /tmp/fp8_check wgrad [R E M N] (the weight-gradient variant: out [E, M, N] over each expert's rows;
  *                                   default: DeepSeek-V3 slice GEMM1's d_W, 65536 32 4096 7168)
+ *   /tmp/fp8_check wgrad_tiled [R E M N] (the same with b's scales per 128 x 128 block, sb_tiled: the
+ *                                   layer's weight gradients when the activation is quantised in tiles)
  *
  * MOK_SM90_FP8_CLUSTER=2 in the environment runs the forward as 2-CTA pairs sharing B (multicast).
  * MOK_FP8_CHECK_BALANCED=1 gives the timed problem equal experts (as bench_gemm_fp8.py's balanced plans)
@@ -217,26 +219,28 @@ static double rel_err(const problem& p, const std::vector<uint16_t>& out, int64_
 }
 
 /* ---- weight-gradient variant: a [M, R], b [N, R], 1 x 128 scales along R stored MN-major
- *      ([R / 128, M] and [R / 128, N]), out [E, M, N] ---- */
+ *      ([R / 128, M] and [R / 128, N]; sb_tiled: b's per 128 x 128 block, [R / 128, N / 128]),
+ *      out [E, M, N] ---- */
 
 struct wgrad_problem {
     int64_t R, E, M, N;
+    bool sb_tiled;
     std::vector<uint8_t> a, b;
     std::vector<float> sa, sb;
     std::vector<int32_t> offsets;
 };
 
-static wgrad_problem make_wgrad_problem(int64_t R, int64_t E, int64_t M, int64_t N) {
+static wgrad_problem make_wgrad_problem(int64_t R, int64_t E, int64_t M, int64_t N, bool sb_tiled) {
     const problem rows = make_problem(R, E, 128, 128); /* its ragged offsets (one expert empty) */
     wgrad_problem p;
-    p.R = R, p.E = E, p.M = M, p.N = N;
+    p.R = R, p.E = E, p.M = M, p.N = N, p.sb_tiled = sb_tiled;
     p.offsets = rows.offsets;
     p.a.resize(M * R);
     p.b.resize(N * R);
     for (auto& v : p.a) v = random_e4m3();
     for (auto& v : p.b) v = random_e4m3();
     p.sa.resize(M * (R / 128));
-    p.sb.resize(N * (R / 128));
+    p.sb.resize((sb_tiled ? N / 128 : N) * (R / 128));
     for (auto& v : p.sa) v = random_scale();
     for (auto& v : p.sb) v = random_scale();
     return p;
@@ -248,7 +252,7 @@ static double wgrad_reference(const wgrad_problem& p, int64_t e, int64_t m, int6
         double part = 0;
         for (int64_t r = kb * 128; r < kb * 128 + 128; ++r)
             part += e4m3_table[p.a[m * p.R + r]] * e4m3_table[p.b[n * p.R + r]];
-        out += part * p.sa[kb * p.M + m] * p.sb[kb * p.N + n];
+        out += part * p.sa[kb * p.M + m] * (p.sb_tiled ? p.sb[kb * (p.N / 128) + n / 128] : p.sb[kb * p.N + n]);
     }
     return out;
 }
@@ -266,6 +270,7 @@ static float run_wgrad(const wgrad_problem& p, int iters, std::vector<uint16_t>*
     memset(&g, 0, sizeof(g));
     g.a = a, g.sa = sa, g.b = b, g.sb = sb, g.offsets = offsets;
     g.R = p.R, g.E = p.E, g.M = p.M, g.N = p.N, g.out = out;
+    g.sb_tiled = p.sb_tiled;
     if (!mok_grouped_gemm_fp8_wgrad_supported(&g)) {
         fprintf(stderr, "the FP8 wgrad kernel does not take these arguments\n");
         exit(1);
@@ -303,32 +308,34 @@ static double wgrad_rel_err(const wgrad_problem& p, const std::vector<uint16_t>&
     return sqrt(num / (den > 0 ? den : 1));
 }
 
-static int wgrad_main(int argc, char** argv) {
+static int wgrad_main(int argc, char** argv, bool sb_tiled) {
+    const char* name = sb_tiled ? "wgrad_tiled" : "wgrad";
     {
-        wgrad_problem p = make_wgrad_problem(1024, 5, 256, 384);
+        wgrad_problem p = make_wgrad_problem(1024, 5, 256, 384, sb_tiled);
         std::vector<uint16_t> out;
         run_wgrad(p, 0, &out);
         const double err = wgrad_rel_err(p, out, 1);
-        printf("wgrad small R=1024 E=5 M=256 N=384: rel err %.2e against float64 on the dequantised inputs %s\n", err,
-               err < 8e-3 ? "(ok)" : "(FAIL)");
+        printf("%s small R=1024 E=5 M=256 N=384: rel err %.2e against float64 on the dequantised inputs %s\n", name,
+               err, err < 8e-3 ? "(ok)" : "(FAIL)");
         if (!(err < 8e-3) && !MOK_SM90_FP8_SKIP_SCALE_LOADS && !MOK_SM90_FP8_NO_PROMOTE) return 1;
     }
     const int64_t R = argc > 2 ? atoll(argv[2]) : 65536, E = argc > 3 ? atoll(argv[3]) : 32;
     const int64_t M = argc > 4 ? atoll(argv[4]) : 4096, N = argc > 5 ? atoll(argv[5]) : 7168;
-    wgrad_problem p = make_wgrad_problem(R, E, M, N);
+    wgrad_problem p = make_wgrad_problem(R, E, M, N, sb_tiled);
     std::vector<uint16_t> out;
     const float ms = run_wgrad(p, 10, &out);
     const double flops = 2.0 * p.offsets[E] * M * N;
     const double err = wgrad_rel_err(p, out, 1000003);
-    printf("wgrad R=%lld E=%lld M=%lld N=%lld: %.3f ms, %.0f TFLOP/s, sampled rel err %.2e %s bits %016llx\n",
-           (long long)R, (long long)E, (long long)M, (long long)N, ms, flops / ms / 1e9, err,
+    printf("%s R=%lld E=%lld M=%lld N=%lld: %.3f ms, %.0f TFLOP/s, sampled rel err %.2e %s bits %016llx\n",
+           name, (long long)R, (long long)E, (long long)M, (long long)N, ms, flops / ms / 1e9, err,
            err < 8e-3 ? "(ok)" : "(FAIL)", output_bits(out));
     return err < 8e-3 ? 0 : 1;
 }
 
 int main(int argc, char** argv) {
     init_e4m3_table();
-    if (argc > 1 && strcmp(argv[1], "wgrad") == 0) return wgrad_main(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "wgrad") == 0) return wgrad_main(argc, argv, false);
+    if (argc > 1 && strcmp(argv[1], "wgrad_tiled") == 0) return wgrad_main(argc, argv, true);
     /* ---- every output of two small ragged problems (the second has an odd number of M-tiles: a
      * 2-CTA pair's last tile lies past R) ---- */
     const int64_t small[2][4] = {{1024, 5, 384, 512}, {1408, 7, 256, 384}};

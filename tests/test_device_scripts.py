@@ -65,7 +65,7 @@ def test_sq_ab_without_a_build_runs_both_harnesses_in_turn(tmp_path, stub_path):
 @pytest.fixture
 def checker_stub_path(tmp_path):
     """A PATH whose nvcc logs each build to BUILDS and writes, for -o OUT, a stand-in for the FP8 checker: it prints
-    the checker's line for its arguments (forward R E N K, or wgrad R E M N) and, where built with
+    the checker's line for its arguments (forward R E N K, or wgrad / wgrad_tiled R E M N) and, where built with
     -DMOK_SM90_TIMING, the timing build's cycle lines first; its output bits' fingerprint is 00ff unless built with
     -DOTHERBITS; it fails for a build with -DBROKEN."""
     bin_dir = tmp_path / "bin"
@@ -77,7 +77,7 @@ def checker_stub_path(tmp_path):
                             '{ echo "#!/bin/bash"\n'
                             '  [ $t = 1 ] && echo \'echo "  mainloop        6479 cycles     3.27 us"; '
                             'echo "  epilogue        1566 cycles     0.79 us"\'\n'
-                            '  echo \'if [ "$1" = wgrad ]; then echo "wgrad R=$2 E=$3 M=$4 N=$5: 1.0 ms, 800 TFLOP/s, '
+                            '  echo \'if [ "${1#wgrad}" != "$1" ]; then echo "$1 R=$2 E=$3 M=$4 N=$5: 1.0 ms, 800 TFLOP/s, '
                             'sampled rel err 1.6e-03 (ok) bits \'$b\'"; else echo "R=$1 E=$2 N=$3 K=$4: 1.0 ms, '
                             '900 TFLOP/s, sampled rel err 1.6e-03 (ok) bits \'$b\'"; fi\'\n} > "$o"\nchmod +x "$o"\n')
     _stub(bin_dir / "nvidia-smi", "#!/bin/bash\necho stand-in GPU\n")
@@ -87,21 +87,24 @@ def checker_stub_path(tmp_path):
 def test_fp8_pipe_session_runs_forward_wgrad_and_timing_on_one_set_of_builds(tmp_path, checker_stub_path):
     out, builds = tmp_path / "out", tmp_path / "builds.txt"
     env = dict(os.environ, PATH=checker_stub_path, OUT=str(out), BUILDS=str(builds),
-               VARIANTS="def: half2:-DMOK_SM90_FP8_HALF_PIPE=2")
+               VARIANTS="def: half2:-DMOK_SM90_FP8_HALF_PIPE=2", WVARIANTS="def: wg2:-DMOK_SM90_FP8_HALF_PIPE_WGRAD=2")
     env.pop("BIN", None)
     res = subprocess.run(["bash", str(ROOT / "benchmarks/run_fp8_pipe_session.sh")], env=env, capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     built = builds.read_text().splitlines()
-    # the two variants once (the weight-gradient pass reuses them), then their two timing builds
-    assert len(built) == 4, built
+    # the forward's two variants, the weight gradients' one more (def is reused by both of their passes), then
+    # the forward variants' two timing builds
+    assert len(built) == 5, built
     assert sum("-DMOK_SM90_TIMING" in b for b in built) == 2
     fwd = (out / "fwd.txt").read_text()
     assert "65536x32x4096x7168" in fwd and "8192x8x1536x128" in fwd
     half2_fwd = fwd.splitlines()[-1]
     assert half2_fwd.startswith("half2" + " " * 26 + "900 (900-900)")
     assert "bits!=" not in half2_fwd  # the same output bits as def
-    assert (out / "wgrad.txt").read_text().splitlines()[-1].startswith("half2" + " " * 26 + "800 (800-800)")
+    for name in ("wgrad", "wgrad_tiled"):
+        assert (out / f"{name}.txt").read_text().splitlines()[-1].startswith("wg2" + " " * 28 + "800 (800-800)")
+        assert f"wg2 round 2: {name} R=16384 E=8 M=28672 N=4096" in (out / name / "fp8_check_variants.txt").read_text()
     assert "thalf2 131072x128x2048x768: mainloop 6479 cycles 3.27 us epilogue 1566 cycles 0.79 us" in res.stdout
 
 
@@ -133,7 +136,7 @@ def test_fp8_check_variants_marks_a_variant_whose_output_bits_differ_from_the_fi
 def test_fp8_pipe_session_without_timing_builds_only_the_variants(tmp_path, checker_stub_path):
     out, builds = tmp_path / "out", tmp_path / "builds.txt"
     env = dict(os.environ, PATH=checker_stub_path, OUT=str(out), BUILDS=str(builds), TIMING="0",
-               VARIANTS="def: half2:-DMOK_SM90_FP8_HALF_PIPE=2")
+               VARIANTS="def: half2:-DMOK_SM90_FP8_HALF_PIPE=2", WVARIANTS="def: half2:-DMOK_SM90_FP8_HALF_PIPE=2")
     env.pop("BIN", None)
     res = subprocess.run(["bash", str(ROOT / "benchmarks/run_fp8_pipe_session.sh")], env=env, capture_output=True,
                          text=True, timeout=120)
