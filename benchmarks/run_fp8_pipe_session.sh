@@ -40,6 +40,10 @@ if [ -n "${SUITE_DEFINES:-}" ]; then
 fi
 
 T0=$SECONDS
+# this call's builds, shared by its passes (REUSE=1) and by nothing older: a warm machine's /tmp may hold
+# binaries of the same names built from another tree
+BIN=$(mktemp -d /tmp/mok_fp8_pipe.XXXXXX)
+export BIN
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/env.txt"
 # (v38: N = 4 beat N = 2 on every long-K GEMM, Mixtral's GEMM2 most: N = 8 is the next step, 0 spills, no C7514)
 VARIANTS=${VARIANTS:-"def: tile:-DMOK_SM90_FP8_EPI_TILE=1 half4:-DMOK_SM90_FP8_HALF_PIPE=4 h4tile:-DMOK_SM90_FP8_HALF_PIPE=4,-DMOK_SM90_FP8_EPI_TILE=1 half8:-DMOK_SM90_FP8_HALF_PIPE=8"}
