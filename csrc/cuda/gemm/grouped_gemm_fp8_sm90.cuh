@@ -486,11 +486,11 @@ struct fp8_tile {
      * halves, lo and hi (two commit groups); each half is promoted while the tensor cores run the next group
      * (lo(j) under hi(j), hi(j) under lo(j + 1)). land(at) waits for the stage at `at` to be full (and reads
      * what must be read before the stage goes back); promote(int_c<h>, half, j, at) promotes half h (its
-     * registers: lo or hi) of the run's K-block j (at its stage `at`). The stage goes back once both halves are read. No group stays in flight
-     * past the run: with one in flight across a loop's back edge, ptxas serialises every wgmma of the kernel
-     * (C7514) as soon as a promotion reads a half while another group runs; so the run's last half-promotion
-     * has no MMA of this warpgroup queued behind it. (The loop over j is unrolled: its branches are constants
-     * to ptxas.) */
+     * registers: lo or hi) of the run's K-block j (at its stage `at`). The stage goes back once both halves are
+     * read. No group stays in flight past the run: with one in flight across a loop's back edge, ptxas serialises
+     * every wgmma of the kernel (C7514) as soon as a promotion reads a half while another group runs; so the run's
+     * last half-promotion has no MMA of this warpgroup queued behind it. (The loop over j is unrolled: its
+     * branches are constants to ptxas.) */
     template <int kRun, int kCluster, bool kTimed, typename Land, typename Promote>
     static __device__ __forceinline__ void run_halves(smem_layout& s, const consumer_thread& me, ring_pos& pos,
                                                       float (&lo)[BN / 4], float (&hi)[BN / 4], Land&& land,
@@ -913,26 +913,30 @@ struct fp8_tile {
             for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
             /* NOTE: warp-uniform for ptxas (see consume()) */
             const int nkb = __shfl_sync(0xFFFFFFFFu, (int)nkb64, 0);
-            /* kHalfPipe's mainloop: the scales stay readable after the release (wsa's two copies) */
+            /* promote registers [kReg0, kReg0 + kRegs) of the K-block at `at` (regs: part, or a kHalfPipe half)
+             * from the stage's scale copies, which stay readable after the stage goes back (wsa's two copies) */
+            auto promote_at = [&](auto split, auto reg0_c, auto& regs, const ring_pos& at) {
+                constexpr int kReg0 = decltype(reg0_c)::value, kRegs = sizeof(regs) / sizeof(float);
+                const float* sa = &s.wsa[at.phase][at.stage][0];
+                const float* sb = &s.wsb[at.phase][at.stage][0];
+                if (kSbTiled) {
+                    kblock_scales sc;
+                    sc.sb0 = ld_shared_f32(&sb[0]);
+                    sc.sb1 = ld_shared_f32(&sb[1]);
+                    promote<false, decltype(split)::value, 0, false, kReg0, kRegs>(
+                        acc, regs, ld_shared_f32(&sa[me.r_lo]), ld_shared_f32(&sa[me.r_lo + 8]), sc);
+                } else {
+                    promote_cols<kReg0, kRegs>(acc, regs, ld_shared_f32(&sa[me.r_lo]), ld_shared_f32(&sa[me.r_lo + 8]),
+                                               sb, me.lane);
+                }
+            };
             auto mainloop_halves = [&](auto split) {
                 auto land = [&](const ring_pos& at) { mbarrier_wait_parity(&s.full[at.stage], at.phase); };
-                auto promote_wgrad = [&](auto h_c, float(&half)[BN / 4], int, const ring_pos& at) {
-                    constexpr int h = decltype(h_c)::value;
-                    const float* sa = &s.wsa[at.phase][at.stage][0];
-                    const float* sb = &s.wsb[at.phase][at.stage][0];
-                    const float sa0 = ld_shared_f32(&sa[me.r_lo]), sa1 = ld_shared_f32(&sa[me.r_lo + 8]);
-                    if (kSbTiled) {
-                        kblock_scales sc;
-                        sc.sb0 = ld_shared_f32(&sb[0]);
-                        sc.sb1 = ld_shared_f32(&sb[1]);
-                        promote<false, decltype(split)::value, 0, false, h * (BN / 4), BN / 4>(acc, half, sa0, sa1,
-                                                                                              sc);
-                    } else {
-                        promote_cols<h * (BN / 4), BN / 4>(acc, half, sa0, sa1, sb, me.lane);
-                    }
+                auto promote_half = [&](auto h_c, float(&half)[BN / 4], int, const ring_pos& at) {
+                    promote_at(split, int_c<decltype(h_c)::value * (BN / 4)>{}, half, at);
                 };
                 tile_halves<kHalfRun>(nkb, [&](auto, auto run_c) {
-                    run_halves<decltype(run_c)::value, 1, false>(s, me, pos, part_lo, part_hi, land, promote_wgrad);
+                    run_halves<decltype(run_c)::value, 1, false>(s, me, pos, part_lo, part_hi, land, promote_half);
                 });
             };
             auto mainloop = [&](auto split) {
@@ -942,18 +946,7 @@ struct fp8_tile {
                     wgmma_wait_group<0>();
                     /* the tiles are read: release the stage before the promotion (its scales stay, see wsa) */
                     if (me.lane == 0) mbarrier_arrive(&s.empty[pos.stage]);
-                    const float* sa = &s.wsa[pos.phase][pos.stage][0];
-                    const float* sb = &s.wsb[pos.phase][pos.stage][0];
-                    if (kSbTiled) {
-                        kblock_scales sc;
-                        sc.sb0 = ld_shared_f32(&sb[0]);
-                        sc.sb1 = ld_shared_f32(&sb[1]);
-                        promote<false, decltype(split)::value, 0, false>(acc, part, ld_shared_f32(&sa[me.r_lo]),
-                                                                        ld_shared_f32(&sa[me.r_lo + 8]), sc);
-                    } else {
-                        promote_cols(acc, part, ld_shared_f32(&sa[me.r_lo]), ld_shared_f32(&sa[me.r_lo + 8]), sb,
-                                     me.lane);
-                    }
+                    promote_at(split, int_c<0>{}, part, pos);
                     pos.advance();
                 }
             };
