@@ -54,15 +54,17 @@ namespace mok_sm90_fp8 {
 
 using mok_sm90::epi_stager;
 
-/* MOK_SM90_FP8_EPI_TILE=1 (an opt-in experiment, performance log v68): a plain tile's epilogue (forward and
- * weight gradient) stages all of a warpgroup's chunks into its own buffers (3 per warpgroup, 16 KiB more
- * shared memory), makes them visible with one proxy fence and one barrier, and issues chunk j's TMA store
- * from lane 0 of the warpgroup's warp j, so the stores go out in parallel instead of one barrier, fence and
- * store issue by thread 0 per chunk. A buffer is reused a tile later, once its issuing lane has seen its
- * store read it. v67's timing build put a Qwen3 GEMM2 tile's epilogue at 1566 of 8045 cycles, nearly all of
- * it staging, not waiting for stores. The SwiGLU variant's epilogue keeps the stager (2 of the buffers). */
+/* MOK_SM90_FP8_EPI_TILE (default 1 since v70; performance log v68): a plain tile's epilogue (forward and weight
+ * gradient) stages all of a warpgroup's chunks into its own buffers (3 per warpgroup, 16 KiB more shared memory),
+ * makes them visible with one proxy fence and one barrier, and issues chunk j's TMA store from lane 0 of the
+ * warpgroup's warp j, so the stores go out in parallel instead of one barrier, fence and store issue by thread 0
+ * per chunk. A buffer is reused a tile later, once its issuing lane has seen its store read it. v67's timing build
+ * put a Qwen3 GEMM2 tile's epilogue at 1566 of 8045 cycles, nearly all of it staging, not waiting for stores.
+ * Measured (H100, RESULTS v39): forward +0.1-2.4% alone, +1.1-3.4% on top of MOK_SM90_FP8_HALF_PIPE=4 (the two
+ * together +3.4-6.5% over neither), weight gradients -0.3 to +4%, the same output bits. =0 is the per-chunk
+ * stager. The SwiGLU variant's epilogue keeps the stager (2 of the buffers). */
 #ifndef MOK_SM90_FP8_EPI_TILE
-#define MOK_SM90_FP8_EPI_TILE 0
+#define MOK_SM90_FP8_EPI_TILE 1
 #endif
 constexpr int kFp8EpiBufs = MOK_SM90_FP8_EPI_TILE ? 3 : (int)mok_sm90::kEpiBufs;
 static_assert(kFp8EpiBufs >= (int)mok_sm90::kEpiBufs, "the stager's buffers come first");
@@ -177,7 +179,7 @@ enum { kFwdFullArrivals = 1 + 128 };
 #define MOK_SM90_FP8_NO_PROMOTE 0
 #endif
 
-/* MOK_SM90_FP8_HALF_PIPE=N (N >= 1; opt-in, performance log v69): a 192-wide plain forward tile (the weight
+/* MOK_SM90_FP8_HALF_PIPE=N (default 4 since v70, 0 turns it off; performance log v69): a 192-wide plain forward tile (the weight
  * gradient's: MOK_SM90_FP8_HALF_PIPE_WGRAD=N) runs each K-block as two commit groups, its 96-column halves
  * (m64n96k32, 48 of part's registers each), and promotes one half while the other is on the tensor cores: lo(kb)
  * retires, is promoted while hi(kb) runs; lo(kb + 1) is issued, hi(kb) retires and is promoted while lo(kb + 1)
@@ -186,10 +188,11 @@ enum { kFwdFullArrivals = 1 + 128 };
  * registers (v16 and v24 gave K-block kb + 1 a second whole partial accumulator instead: 64 more registers,
  * slower). v31's timing build put 34% of a long-K tile's mainloop in the drain and 24% in the promotion. */
 #ifndef MOK_SM90_FP8_HALF_PIPE
-#define MOK_SM90_FP8_HALF_PIPE 0
+#define MOK_SM90_FP8_HALF_PIPE 4
 #endif
-/* The weight gradient's run length, apart: on the H100 (checker, v69) N = 4 took the forward +1-5% with the same
- * output bits, and the weight gradient -2% (N = 2: -0.3%). */
+/* The weight gradient's run length, apart (default 0, off): on the H100 (checker, v69) N = 4 took the forward +1-5%
+ * with the same output bits, and the weight gradient with per-column scales -2% (N = 2: -0.3%); on the tiled one
+ * (RESULTS v39) N = 2 and 4 were -0.6 to +2.6%, below MOK_SM90_FP8_EPI_TILE's gain, and not measured with it. */
 #ifndef MOK_SM90_FP8_HALF_PIPE_WGRAD
 #define MOK_SM90_FP8_HALF_PIPE_WGRAD 0
 #endif

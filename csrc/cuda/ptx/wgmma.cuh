@@ -162,7 +162,7 @@ __device__ __forceinline__ void wgmma_m64n192k32_f32_e4m3(float* d, uint64_t des
 }
 
 /* D[64 x 96] (+)= A[64 x 32] * B[96 x 32]^T in FP8 E4M3 (both K-major), f32 accumulators: 48 per
- * thread. accumulate = 0 overwrites D. (The FP8 kernel's MOK_SM90_FP8_HALF_PIPE experiment: a 192-wide
+ * thread. accumulate = 0 overwrites D. (The FP8 kernel's half pipe, MOK_SM90_FP8_HALF_PIPE: a 192-wide
  * K-block as two 96-column halves.) */
 __device__ __forceinline__ void wgmma_m64n96k32_f32_e4m3(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
     asm volatile(
