@@ -4,7 +4,7 @@ and nvcc are present, and the thin C++ torch-op layer, linked into one library `
 
     pip install --no-build-isolation -e .      # CUDA where possible, CPU-only otherwise
     MOK_FORCE_CPU=1 pip install ...            # CPU-only build even where CUDA is present
-    MOK_NVCC_DEFINES="-DMOK_SM90_FP8_HALF_PIPE=4" pip install ...
+    MOK_NVCC_DEFINES="-DMOK_SM90_FP8_HALF_PIPE=8" pip install ...
                                                # kernels built with a compile-time experiment switched on
                                                # (docs/performance-log.md), e.g. to run the GPU suite on it
 """

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# One device call for the FP8 kernel's opt-in experiments v68 (MOK_SM90_FP8_EPI_TILE=1: a plain tile's epilogue
-# staged at once) and v69 (MOK_SM90_FP8_HALF_PIPE=N: a 192-wide K-block as two halves, one promoted while the
-# other runs), performance log. Run on the GPU machine from the repo root.
+# One device call for the FP8 kernel's compile-time experiments around v68 (MOK_SM90_FP8_EPI_TILE: a plain tile's
+# epilogue staged at once) and v69 (MOK_SM90_FP8_HALF_PIPE=N: a 192-wide K-block as two halves, one promoted while
+# the other runs), performance log. Run on the GPU machine from the repo root.
 #
-# v69 measured (H100, RESULTS v38): MOK_SM90_FP8_HALF_PIPE=4 +1-5% forward, same bits; the weight gradient with
-# per-column scales lost 2% and has its own switch now (MOK_SM90_FP8_HALF_PIPE_WGRAD). Next: the SUITE_DEFINES call
-# below with -DMOK_SM90_FP8_HALF_PIPE=4, then the default call (v68 alone and with v69 in the forward; v68 and
-# v69's weight-gradient form on both weight gradients, the per-column one and the tiled one the layer uses).
+# Both are the default since v70 (RESULTS v39, H100: +3.4-6.5% forward together, same bits, the GPU suite passed
+# on them). Next, the default call below: the former default ("old") for reference, N = 8 with the whole-tile
+# epilogue (alone it beat N = 4 on DeepSeek-V3's GEMM1), the weight gradient's half pipe on top of the whole-tile
+# epilogue, and the timing builds (they did not fit in v39's call: run with fewer variants or TIMING=0 if short).
 #
 #   bash benchmarks/run_fp8_pipe_session.sh
 #       The standalone checker's variants against the default, interleaved, two rounds (8-9 minutes): the
@@ -16,7 +16,7 @@
 #       VARIANTS replaces the forward's variant list, WVARIANTS the weight gradients' (fp8_check_variants.sh's
 #       syntax; builds of the same name are reused); TIMING=0 leaves the timing builds out (for a call with little
 #       device time left).
-#   SUITE_DEFINES="-DMOK_SM90_FP8_HALF_PIPE=4" bash benchmarks/run_fp8_pipe_session.sh
+#   SUITE_DEFINES="-DMOK_SM90_FP8_HALF_PIPE=8" bash benchmarks/run_fp8_pipe_session.sh
 #       Instead: the extension built with those switches (setup.py's MOK_NVCC_DEFINES), the GPU suite on it and
 #       bench_gemm_fp8.py (about 6 minutes): what a winner needs before it becomes the default.
 set -uo pipefail
@@ -45,9 +45,10 @@ T0=$SECONDS
 BIN=$(mktemp -d /tmp/mok_fp8_pipe.XXXXXX)
 export BIN
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee "$OUT/env.txt"
-# (v38: N = 4 beat N = 2 on every long-K GEMM, Mixtral's GEMM2 most: N = 8 is the next step, 0 spills, no C7514)
-VARIANTS=${VARIANTS:-"def: tile:-DMOK_SM90_FP8_EPI_TILE=1 half4:-DMOK_SM90_FP8_HALF_PIPE=4 h4tile:-DMOK_SM90_FP8_HALF_PIPE=4,-DMOK_SM90_FP8_EPI_TILE=1 half8:-DMOK_SM90_FP8_HALF_PIPE=8"}
-WVARIANTS=${WVARIANTS:-"def: tile:-DMOK_SM90_FP8_EPI_TILE=1 wg2:-DMOK_SM90_FP8_HALF_PIPE_WGRAD=2 wg4:-DMOK_SM90_FP8_HALF_PIPE_WGRAD=4"}
+# (v39: N = 4 with the whole-tile epilogue became the default; N = 8 without it read 1178 against 1160 on DeepSeek-V3's
+# GEMM1, below it elsewhere)
+VARIANTS=${VARIANTS:-"def: old:-DMOK_SM90_FP8_HALF_PIPE=0,-DMOK_SM90_FP8_EPI_TILE=0 half8:-DMOK_SM90_FP8_HALF_PIPE=8"}
+WVARIANTS=${WVARIANTS:-"def: old:-DMOK_SM90_FP8_HALF_PIPE=0,-DMOK_SM90_FP8_EPI_TILE=0 wg2:-DMOK_SM90_FP8_HALF_PIPE_WGRAD=2 wg4:-DMOK_SM90_FP8_HALF_PIPE_WGRAD=4"}
 # 1 and 3 K-blocks a tile; Qwen3 GEMM2, GEMM1; DeepSeek-V3 GEMM1; Mixtral GEMM2; DeepSeek-V3 GEMM2
 FWD="8192 8 1536 128;8192 8 1536 384;131072 128 2048 768;131072 128 1536 2048;65536 32 4096 7168;16384 8 4096 14336;65536 32 7168 2048"
 # Qwen3's two weight gradients, Mixtral's GEMM1 weight gradient (R E M N)
