@@ -179,14 +179,15 @@ enum { kFwdFullArrivals = 1 + 128 };
 #define MOK_SM90_FP8_NO_PROMOTE 0
 #endif
 
-/* MOK_SM90_FP8_HALF_PIPE=N (default 4 since v70, 0 turns it off; performance log v69): a 192-wide plain forward tile (the weight
- * gradient's: MOK_SM90_FP8_HALF_PIPE_WGRAD=N) runs each K-block as two commit groups, its 96-column halves
- * (m64n96k32, 48 of part's registers each), and promotes one half while the other is on the tensor cores: lo(kb)
- * retires, is promoted while hi(kb) runs; lo(kb + 1) is issued, hi(kb) retires and is promoted while lo(kb + 1)
- * runs; then hi(kb + 1) is issued. The K-blocks go in runs of N with nothing in flight between runs (a tile's last
- * nkb % N one at a time), so 2N - 1 of a run's 2N half-promotions have MMA of the warpgroup queued, with no more
- * registers (v16 and v24 gave K-block kb + 1 a second whole partial accumulator instead: 64 more registers,
- * slower). v31's timing build put 34% of a long-K tile's mainloop in the drain and 24% in the promotion. */
+/* MOK_SM90_FP8_HALF_PIPE=N (default 4 since v70, 0 turns it off; performance log v69): a 192-wide plain forward tile
+ * (the weight gradient's: MOK_SM90_FP8_HALF_PIPE_WGRAD=N) runs each K-block as two commit groups, its 96-column
+ * halves (m64n96k32, 48 of part's registers each), and promotes one half while the other is on the tensor cores:
+ * lo(kb) retires, is promoted while hi(kb) runs; lo(kb + 1) is issued, hi(kb) retires and is promoted while
+ * lo(kb + 1) runs; then hi(kb + 1) is issued. The K-blocks go in runs of N with nothing in flight between runs
+ * (a tile's last nkb % N one at a time), so 2N - 1 of a run's 2N half-promotions have MMA of the warpgroup
+ * queued, with no more registers (v16 and v24 gave K-block kb + 1 a second whole partial accumulator instead:
+ * 64 more registers, slower). v31's timing build put 34% of a long-K tile's mainloop in the drain and 24% in
+ * the promotion. */
 #ifndef MOK_SM90_FP8_HALF_PIPE
 #define MOK_SM90_FP8_HALF_PIPE 4
 #endif
