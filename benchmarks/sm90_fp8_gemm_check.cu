@@ -15,6 +15,10 @@
  * MOK_SM90_FP8_CLUSTER=2 in the environment runs the forward as 2-CTA pairs sharing B (multicast).
  * MOK_FP8_CHECK_BALANCED=1 gives the timed problem equal experts (as bench_gemm_fp8.py's balanced plans)
  * instead of ragged ones with an empty expert.
+ * MOK_FP8_CHECK_DATA=gauss fills the operands with the codes a 1 x 128 quantiser makes of normal data (as
+ * bench_gemm_fp8.py's) instead of uniform E4M3 bytes; MOK_FP8_CHECK_ITERS=N times N back-to-back calls of the
+ * timed problem (default 10). Both for benchmarks/fp8_gap_probe.sh (the power and the data behind v39's gap
+ * between this checker and the bench).
  * MOK_FP8_CHECK_SWIGLU=1 runs the SwiGLU variant (B's rows read as [gate | up], act = SwiGLU(h) written
  * too; h is checked as usual, act is not: tests/test_fp8_gemm.py checks it bitwise); with
  * MOK_SM90_FP8_SWIGLU_BN=192 as well, its experimental 128 x 192 tiles (performance log v32, not yet
@@ -61,11 +65,56 @@ static uint32_t next_u32() {
     rng ^= rng << 5;
     return rng;
 }
-static uint8_t random_e4m3() {
+static uint8_t random_uniform_e4m3() {
     for (;;) {
         const uint8_t v = (uint8_t)next_u32();
         if ((v & 0x7F) != 0x7F) return v; /* no NaN codes */
     }
+}
+
+/* MOK_FP8_CHECK_DATA=gauss: the codes a 1 x 128 quantiser makes of normal data (a block's amax, ~2.75 sigma for
+ * 128 values, mapped to 448, each value rounded to the nearest code) instead of uniform bytes; bench_gemm_fp8.py
+ * feeds such codes. Why: the bench reads some GEMMs 5-10% under this checker (performance log, v39's gap), and
+ * the operands' bits set the tensor cores' power, hence the clock at the power limit. One 16-bit draw per code
+ * through a table of the normal quantiles. */
+static uint8_t gauss_codes[65536];
+static bool gauss_data = false;
+static void init_gauss_codes() {
+    const char* env = getenv("MOK_FP8_CHECK_DATA");
+    if (!env || !env[0] || strcmp(env, "uniform") == 0) return;
+    if (strcmp(env, "gauss") != 0) {
+        fprintf(stderr, "MOK_FP8_CHECK_DATA must be 'uniform' or 'gauss', got '%s'\n", env);
+        exit(2);
+    }
+    gauss_data = true;
+    const double sigma = 448.0 / 2.75;
+    for (int u = 0; u < 65536; ++u) {
+        const double q = (u + 0.5) / 65536.0; /* P(Z <= z) = 0.5 erfc(-z / sqrt 2): bisect for z */
+        double lo = -8, hi = 8;
+        for (int i = 0; i < 60; ++i) {
+            const double mid = 0.5 * (lo + hi);
+            (0.5 * erfc(-mid / sqrt(2.0)) < q ? lo : hi) = mid;
+        }
+        const double z = 0.5 * (lo + hi), v = fmin(fabs(z) * sigma, 448.0);
+        int best = 0;
+        for (int c = 1; c < 0x7F; ++c) /* the positive codes, NaN excluded */
+            if (fabs(e4m3_table[c] - v) < fabs(e4m3_table[best] - v)) best = c;
+        gauss_codes[u] = (uint8_t)(best | (z < 0 ? 0x80 : 0));
+    }
+}
+
+static uint8_t random_e4m3() { return gauss_data ? gauss_codes[next_u32() >> 16] : random_uniform_e4m3(); }
+
+/* MOK_FP8_CHECK_ITERS: the timed problem's back-to-back calls (default 10); more holds the GPU at its power limit
+ * longer, as a benchmark's sustained run does. */
+static int timed_iters() {
+    const char* env = getenv("MOK_FP8_CHECK_ITERS");
+    const int n = env && env[0] ? atoi(env) : 10;
+    if (n < 1) {
+        fprintf(stderr, "MOK_FP8_CHECK_ITERS must be a positive count, got '%s'\n", env);
+        exit(2);
+    }
+    return n;
 }
 static float random_scale() { return ldexpf(1.0f + (next_u32() % 1024) / 1024.0f, (int)(next_u32() % 9) - 12); }
 
@@ -323,7 +372,7 @@ static int wgrad_main(int argc, char** argv, bool sb_tiled) {
     const int64_t M = argc > 4 ? atoll(argv[4]) : 4096, N = argc > 5 ? atoll(argv[5]) : 7168;
     wgrad_problem p = make_wgrad_problem(R, E, M, N, sb_tiled);
     std::vector<uint16_t> out;
-    const float ms = run_wgrad(p, 10, &out);
+    const float ms = run_wgrad(p, timed_iters(), &out);
     const double flops = 2.0 * p.offsets[E] * M * N;
     const double err = wgrad_rel_err(p, out, 1000003);
     printf("%s R=%lld E=%lld M=%lld N=%lld: %.3f ms, %.0f TFLOP/s, sampled rel err %.2e %s bits %016llx\n",
@@ -334,6 +383,7 @@ static int wgrad_main(int argc, char** argv, bool sb_tiled) {
 
 int main(int argc, char** argv) {
     init_e4m3_table();
+    init_gauss_codes();
     if (argc > 1 && strcmp(argv[1], "wgrad") == 0) return wgrad_main(argc, argv, false);
     if (argc > 1 && strcmp(argv[1], "wgrad_tiled") == 0) return wgrad_main(argc, argv, true);
     /* ---- every output of two small ragged problems (the second has an odd number of M-tiles: a
@@ -353,7 +403,7 @@ int main(int argc, char** argv) {
     const int64_t N = argc > 3 ? atoll(argv[3]) : 4096, K = argc > 4 ? atoll(argv[4]) : 7168;
     problem p = make_problem(R, E, N, K);
     std::vector<uint16_t> out;
-    const float ms = run(p, 10, &out);
+    const float ms = run(p, timed_iters(), &out);
     const double flops = 2.0 * p.offsets[E] * N * K;
     const double err = rel_err(p, out, 4099);
     printf("R=%lld E=%lld N=%lld K=%lld: %.3f ms, %.0f TFLOP/s, sampled rel err %.2e %s bits %016llx\n",

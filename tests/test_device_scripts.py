@@ -144,3 +144,35 @@ def test_fp8_pipe_session_without_timing_builds_only_the_variants(tmp_path, chec
     assert len(builds.read_text().splitlines()) == 2
     assert not (out / "timing").exists() and "timing (" not in res.stdout
     assert "half2" in (out / "wgrad.txt").read_text().splitlines()[-1]
+
+
+def test_fp8_gap_probe_times_both_data_kinds_and_call_counts_with_the_clock(tmp_path):
+    """fp8_gap_probe.sh with a stand-in checker whose TFLOP/s depend on MOK_FP8_CHECK_DATA and MOK_FP8_CHECK_ITERS
+    and a stand-in nvidia-smi sampling 1500 MHz at 600 W: every problem gets the four modes, each run's line its
+    clock, and the table the medians and TFLOP/s per GHz."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _stub(bin_dir / "nvcc", '#!/bin/bash\no=""\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && { o=$2; shift; }; shift; done\n'
+                            '{ echo "#!/bin/bash"\n'
+                            '  echo \'[ "$MOK_FP8_CHECK_BALANCED" = 1 ] || exit 3\'\n'
+                            '  echo \'t=900; [ "$MOK_FP8_CHECK_DATA" = gauss ] && t=810\'\n'
+                            '  echo \'[ "$MOK_FP8_CHECK_ITERS" = 300 ] && t=$((t - 30))\'\n'
+                            '  echo \'sleep 0.3; echo "small: (ok)"; echo "R=$1 E=$2 N=$3 K=$4: 1.0 ms, $t TFLOP/s, '
+                            'sampled rel err 1.6e-03 (ok) bits 00ff"\'\n} > "$o"\nchmod +x "$o"\n')
+    _stub(bin_dir / "nvidia-smi", '#!/bin/bash\nif [[ "$*" == *-lms* ]]; then\n'
+                                  '  while true; do echo "1500, 600"; sleep 0.05; done\nelse echo stand-in GPU; fi\n')
+    out = tmp_path / "out"
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", OUT=str(out), ROUNDS="1",
+               PROBLEMS="64 2 128 128;128 4 256 128")
+    res = subprocess.run(["bash", str(ROOT / "benchmarks/fp8_gap_probe.sh")], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = (out / "fp8_gap_probe.txt").read_text().splitlines()
+    assert len(lines) == 8, lines
+    assert all("| clock 1500 MHz power 600 W" in line for line in lines), lines
+    table = res.stdout[res.stdout.index("problem"):].splitlines()[1:]
+    rows = {(r.split()[0], " ".join(r.split()[1:3])): r.split()[3:] for r in table}
+    assert set(rows) == {(p, m) for p in ("64x2x128x128", "128x4x256x128")
+                         for m in ("uniform x10", "uniform x300", "gauss x10", "gauss x300")}, table
+    assert rows[("128x4x256x128", "gauss x300")] == ["780", "1500", "600", "520"]
+    assert "unparsed" not in res.stdout
