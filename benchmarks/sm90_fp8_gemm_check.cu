@@ -116,6 +116,7 @@ static int timed_iters() {
     }
     return n;
 }
+
 static float random_scale() { return ldexpf(1.0f + (next_u32() % 1024) / 1024.0f, (int)(next_u32() % 9) - 12); }
 
 struct problem {
