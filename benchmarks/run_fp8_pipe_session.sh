@@ -68,7 +68,7 @@ for v in $VARIANTS; do
     TVARIANTS+=" t${v%%:*}:-DMOK_SM90_TIMING${flags:+,$flags}"
 done
 if [ "${TIMING:-1}" != 0 ] && [ $((SECONDS - T0)) -lt 450 ]; then
-    OUT=$OUT/timing VARIANTS=$TVARIANTS PROBLEMS="131072 128 2048 768;65536 32 4096 7168" ROUNDS=1 BIN=/tmp/mok_fp8_timing \
+    OUT=$OUT/timing VARIANTS=$TVARIANTS PROBLEMS="131072 128 2048 768;65536 32 4096 7168" ROUNDS=1 BIN=$BIN/timing \
         timeout 120 bash benchmarks/fp8_check_variants.sh > "$OUT/timing.txt" 2>&1
     echo "timing ($((SECONDS - T0)) s)"
     # name, problem: the cycle counters per tile
